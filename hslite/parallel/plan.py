@@ -1,0 +1,116 @@
+"""The Plan: how one run is laid out over devices, validated before any process group exists.
+
+A Plan is the single description of a layout that the pre-flight check prices and that `to_trainer_kwargs` turns into
+Lightning Trainer arguments; nothing else in hslite decides devices, precision or strategy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from hslite.errors import ConfigError
+
+PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
+COMPRESSIONS = ("none", "int8", "bf16", "fp16")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One layout of a training run over devices.
+
+    world_size = devices × num_nodes = dp × chag; global batch = dp × batch_size × accumulate.
+    """
+
+    devices: int = 1  # devices (GPUs, or CPU processes) per node
+    num_nodes: int = 1  # nodes; more than 1 is priced from a topology profile, never launched by hslite
+    accelerator: str = "cpu"  # "cpu" (gloo processes) or "gpu" (NCCL)
+    batch_size: int = 64  # per-device micro-batch, samples
+    accumulate: int = 1  # micro-batches per optimiser step; 1 means no accumulation
+    precision: str = "32-true"  # Lightning precision string
+    compression: str = "none"  # gradient all-reduce compression; "none" means plain fp32 all-reduce
+    chag: int = 1  # ranks that split one sample batch's band groups; 1 means no channel parallelism
+    rotation_groups: int = 0  # band groups active per step under channel-subset rotation; 0 means off
+    fsdp: bool = False  # shard parameters, gradients and optimiser state across the data-parallel ranks
+
+    @property
+    def world_size(self) -> int:
+        """Ranks in the whole run."""
+        return self.devices * self.num_nodes
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel replicas (ranks that see different samples)."""
+        return self.world_size // self.chag
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per optimiser step across all ranks."""
+        return self.dp * self.batch_size * self.accumulate
+
+    @property
+    def dp_enabled(self) -> bool:
+        """Whether gradients are averaged across replicas."""
+        return self.dp > 1
+
+    @property
+    def chag_enabled(self) -> bool:
+        """Whether band groups are split across ranks."""
+        return self.chag > 1
+
+    @property
+    def rotation_enabled(self) -> bool:
+        """Whether only a subset of band groups is active per step."""
+        return self.rotation_groups > 0
+
+    @property
+    def compression_enabled(self) -> bool:
+        """Whether the gradient all-reduce is compressed."""
+        return self.compression != "none"
+
+    def validate(self) -> Plan:
+        """Raise ConfigError naming every factor when the layout is inconsistent; return self otherwise."""
+        problems = []
+        for name in ("devices", "num_nodes", "batch_size", "accumulate", "chag"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be ≥ 1, got {getattr(self, name)}")
+        if self.accelerator not in ("cpu", "gpu"):
+            problems.append(f"accelerator must be 'cpu' or 'gpu', got {self.accelerator!r}")
+        if self.precision not in PRECISIONS:
+            problems.append(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.compression not in COMPRESSIONS:
+            problems.append(f"compression must be one of {', '.join(COMPRESSIONS)}, got {self.compression!r}")
+        if self.rotation_groups < 0:
+            problems.append(f"rotation_groups must be ≥ 0 (0 means off), got {self.rotation_groups}")
+        if not problems and self.world_size % self.chag:
+            problems.append(
+                f"dp × chag must equal devices × num_nodes: devices({self.devices}) × num_nodes({self.num_nodes}) = "
+                f"{self.world_size} is not divisible by chag({self.chag})"
+            )
+        if not problems and self.compression_enabled and self.fsdp:
+            problems.append("compression and fsdp cannot be combined: FSDP reduce-scatters gradients itself")
+        if problems:
+            raise ConfigError("invalid parallel plan: " + "; ".join(problems) + ".")
+        return self
+
+    def describe(self) -> str:
+        """Short human label, e.g. '4×cpu dp4 b64 acc1 32-true'."""
+        parts = [f"{self.world_size}×{self.accelerator}", f"dp{self.dp}"]
+        if self.chag_enabled:
+            parts.append(f"chag{self.chag}")
+        parts += [f"b{self.batch_size}", f"acc{self.accumulate}", self.precision]
+        if self.compression_enabled:
+            parts.append(self.compression)
+        if self.rotation_enabled:
+            parts.append(f"rot{self.rotation_groups}")
+        if self.fsdp:
+            parts.append("fsdp")
+        return " ".join(parts)
+
+    def with_(self, **changes: Any) -> Plan:
+        """A validated copy with some fields changed."""
+        return replace(self, **changes).validate()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict for JSON reports."""
+        return asdict(self)
