@@ -1,0 +1,231 @@
+"""Typed recipe schema, recipe loading and `key=value` overrides.
+
+Precedence, lowest to highest: the dataclass defaults below < the recipe file < command-line `key=value` overrides.
+Recipes are YAML files read with `yaml.safe_load`; they can only set fields that exist here, and every value is
+type-checked by OmegaConf against these dataclasses, so a recipe can name registered components but never code.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.resources
+from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+from hslite.errors import ConfigError
+
+
+@dataclass
+class DataConfig:
+    """Which scene, how it is preprocessed and split, and how patches are batched."""
+
+    scene: str = "synthetic_tiny"  # registered scene name (`hslite data list`)
+    root: str | None = None  # folder holding <scene>/<file>; None means $HSLITE_DATA or the user cache dir
+    download: bool = False  # fetch missing files from the scene's canonical URL (checksummed)
+    drop_water_bands: bool = True  # drop the scene's conventional water-absorption bands (raw cubes only)
+    remove_bands: list[int] = field(default_factory=list)  # extra 0-based band indices to drop; [] means none
+    remove_ranges_nm: list[list[float]] = field(default_factory=list)  # [[lo, hi], ...] wavelength ranges to drop, nm
+    normalisation: str = "zscore"  # per-band "zscore", "stretch2" (2% linear stretch) or "none"; fitted on train pixels
+    pca_components: int = 0  # PCA bands fitted on training pixels; 0 means off
+    patch_size: int = 9  # odd side of the square patch around each pixel, pixels
+    split: str = "stratified"  # "stratified" (fraction per class), "count" (pixels per class) or "disjoint" (blocks)
+    train_fraction: float = 0.1  # share of each class's labelled pixels used for training (stratified, disjoint)
+    val_fraction: float = 0.1  # share used for validation; the rest is the test set
+    train_per_class: int = 0  # training pixels per class for split=count
+    val_per_class: int = 0  # validation pixels per class for split=count
+    block_size: int = 0  # block side for split=disjoint, pixels; 0 means 4 × patch_size
+    split_file: str | None = None  # reuse a saved split.npz instead of drawing one; None means draw from train.seed
+    batch_size: int = 64  # per-device training batch, samples
+    eval_batch_size: int = 1024  # batch for validation, test and whole-scene prediction, samples
+    augment: bool = False  # random flips and 90° rotations of training patches
+    num_workers: int = 0  # DataLoader workers; 0 means gather in the training process (the gather is one op)
+
+
+@dataclass
+class ModelConfig:
+    """Which registered architecture, at which size."""
+
+    name: str = "cnn3d"  # registered model (`hslite models`)
+    size: str = "small"  # size preset of that model ("small" or "large")
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation and loop length."""
+
+    max_epochs: int = 50  # passes over the training pixels
+    max_steps: int = -1  # optimiser steps cap; -1 means no cap
+    lr: float = 1e-3  # peak AdamW learning rate
+    weight_decay: float = 1e-4  # AdamW decoupled weight decay
+    warmup_epochs: int = 2  # linear warm-up before the cosine decay, epochs; 0 means none
+    seed: int = 0  # seeds Python, NumPy, torch and the split
+    class_weights: bool = False  # weight the loss by inverse class frequency of the training pixels
+    limit_train_batches: float = 1.0  # share (≤1.0) or count (>1) of training batches per epoch; 1.0 means all
+    limit_val_batches: float = 1.0  # share or count of validation batches per epoch
+    check_val_every_n_epoch: int = 1  # validate every this many epochs
+    progress: bool = True  # rich progress bar
+
+
+@dataclass
+class ParallelConfig:
+    """The layout over devices; validated as a Plan before any process starts."""
+
+    accelerator: str = "auto"  # "cpu", "gpu", or "auto" (gpu when CUDA is available)
+    devices: int = 1  # devices per node (CPU processes on a CPU box)
+    num_nodes: int = 1  # nodes; more than 1 is only priced by preflight, from a topology profile
+    precision: str = "32-true"  # "32-true", "bf16-mixed" or "16-mixed"
+    accumulate: int = 1  # micro-batches per optimiser step; 1 means off
+    compression: str = "none"  # gradient all-reduce compression: "none", "int8", "bf16" or "fp16"
+    chag: int = 1  # ranks sharing one batch's band groups (channel parallelism); 1 means off
+    rotation_groups: int = 0  # band groups active per step (channel-subset rotation); 0 means off
+    fsdp: bool = False  # shard parameters, gradients and optimiser state
+
+
+@dataclass
+class PreflightConfig:
+    """The go/no-go check that runs before every multi-device fit."""
+
+    enabled: bool = True  # run the check in `hslite fit`; single-device runs skip the link measurement
+    enforce: bool = True  # refuse (exit 3) a NO-GO plan; false means warn and run anyway
+    min_efficiency: float = 0.5  # GO needs ECD(N)/ECD(1) ≥ this (0.5 means r ≤ 1)
+    topology: str | None = None  # topology profile to price devices that are not visible; None means measure
+    fresh: bool = False  # re-measure instead of using cached probe and link results
+    probe_steps: int = 5  # timed steps per probe, after warm-up
+
+
+@dataclass
+class OutputConfig:
+    """Where run folders go and what they hold."""
+
+    root: str = "runs"  # run folders are <root>/<recipe>/<timestamp>/
+    save_checkpoint: bool = True  # keep the best checkpoint by validation OA
+    save_map: bool = True  # predict the whole scene: map.png and prediction.tif
+
+
+@dataclass
+class Config:
+    """A whole recipe."""
+
+    recipe: str = "quickstart"  # name of the recipe this config came from
+    description: str = ""  # one line shown by `hslite recipes`
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    preflight: PreflightConfig = field(default_factory=PreflightConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+
+
+def valid_keys(cls: type = Config, prefix: str = "") -> list[str]:
+    """Every dotted key a recipe or override may set."""
+    keys = []
+    for f in fields(cls):
+        sub = f.default_factory if is_dataclass(f.default_factory) else None  # type: ignore[misc]
+        if sub is not None:
+            keys += valid_keys(sub, f"{prefix}{f.name}.")  # type: ignore[arg-type]
+        else:
+            keys.append(prefix + f.name)
+    return keys
+
+
+def _recipe_dir() -> Path:
+    return Path(str(importlib.resources.files("hslite") / "recipes"))
+
+
+def list_recipes() -> dict[str, str]:
+    """Recipe names shipped with the package and their one-line descriptions."""
+    out = {}
+    for path in sorted(_recipe_dir().glob("*.yaml")):
+        body = yaml.safe_load(path.read_text()) or {}
+        out[path.stem] = str(body.get("description", ""))
+    return out
+
+
+def _recipe_path(recipe: str) -> Path:
+    candidate = Path(recipe)
+    if candidate.suffix in (".yaml", ".yml") and candidate.is_file():
+        return candidate
+    path = _recipe_dir() / f"{recipe}.yaml"
+    if not path.is_file():
+        names = list(list_recipes())
+        close = difflib.get_close_matches(recipe, names, n=3)
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        raise ConfigError(f"unknown recipe {recipe!r}.{hint} Known recipes: {', '.join(names)} (or a path to a .yaml file).")
+    return path
+
+
+def _closest_keys(key: str) -> str:
+    keys = valid_keys()
+    close = difflib.get_close_matches(key, keys, n=3, cutoff=0.5)
+    if not close:
+        section = key.split(".")[0]
+        close = [k for k in keys if k.startswith(section + ".")][:6]
+    return f" Closest valid keys: {', '.join(close)}." if close else f" Valid sections: {', '.join(f.name for f in fields(Config))}."
+
+
+def _merge(base: Any, layer: Any, where: str) -> Any:
+    try:
+        return OmegaConf.merge(base, layer)
+    except ConfigKeyError as err:
+        key = str(err.full_key or err.key)
+        raise ConfigError(f"{where}: unknown key {key!r}.{_closest_keys(key)}") from None
+    except OmegaConfBaseException as err:
+        key = str(err.full_key) if err.full_key else "?"
+        expected = _expected_type(key)
+        msg = str(err).splitlines()[0]
+        raise ConfigError(f"{where}: bad value for {key!r}: {msg}{expected}.") from None
+
+
+def _expected_type(key: str) -> str:
+    node: Any = Config
+    for part in key.split("."):
+        match = [f for f in fields(node)] if is_dataclass(node) else []
+        found = next((f for f in match if f.name == part), None)
+        if found is None:
+            return ""
+        node = found.default_factory if is_dataclass(found.default_factory) else found.type  # type: ignore[misc]
+    return f" (expected {node})" if isinstance(node, str) else ""
+
+
+def parse_overrides(items: list[str]) -> list[tuple[str, str]]:
+    """Split `key=value` items; anything else is a usage error naming the item."""
+    pairs = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"expected key=value, got {item!r}. Example: train.max_epochs=5")
+        pairs.append((key.strip(), value))
+    return pairs
+
+
+def load_config(recipe: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Defaults < recipe < overrides, type-checked; `recipe=NAME` may also come in overrides."""
+    pairs = parse_overrides(list(overrides))
+    recipe = next((v for k, v in pairs if k == "recipe"), recipe) or "quickstart"
+    pairs = [(k, v) for k, v in pairs if k != "recipe"]
+
+    cfg = OmegaConf.structured(Config)
+    path = _recipe_path(recipe)
+    try:
+        body = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"recipe {path} is not valid YAML: {err}") from None
+    if not isinstance(body, dict):
+        raise ConfigError(f"recipe {path} must be a mapping of sections, got {type(body).__name__}.")
+    body["recipe"] = path.stem
+    cfg = _merge(cfg, OmegaConf.create(body), f"recipe {path.name}")
+    for key, value in pairs:
+        if key not in valid_keys():
+            raise ConfigError(f"unknown key {key!r}.{_closest_keys(key)}")
+        cfg = _merge(cfg, OmegaConf.from_dotlist([f"{key}={value}"]), "command line")
+    return OmegaConf.to_object(cfg)  # type: ignore[return-value]
+
+
+def to_yaml(cfg: Config) -> str:
+    """The resolved config as YAML, for the run folder."""
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
