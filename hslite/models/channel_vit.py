@@ -1,0 +1,168 @@
+"""Channel ViT with hierarchical cross-channel aggregation, split at explicit band-group boundaries.
+
+Pipeline: fixed contiguous band groups -> per-band tokens of s×s sub-patches (shared linear + band embedding) ->
+within-group cross-attention with a learned query per group (``encode_group``) -> cross-attention across the group
+tokens (``aggregate``) -> transformer over the spatial tokens (``head``). A channel-group-parallel wrapper runs
+``encode_group`` for its own groups, gathers the results and calls ``aggregate`` and ``head``; the model itself
+knows nothing about ranks.
+"""
+
+import torch
+from torch import nn
+
+from hslite.errors import ModelError
+
+
+def contiguous_band_groups(num_bands: int, num_groups: int) -> list[tuple[int, int]]:
+    """Split bands 0..num_bands into num_groups contiguous (start, stop) ranges whose sizes differ by at most one."""
+    base, extra = divmod(num_bands, num_groups)
+    groups, start = [], 0
+    for index in range(num_groups):
+        stop = start + base + (index < extra)
+        groups.append((start, stop))
+        start = stop
+    return groups
+
+
+class QueryCrossAttention(nn.Module):
+    """A learned query attends over a set of tokens (pre-norm), then a residual MLP; one output token per set."""
+
+    def __init__(self, dim: int, heads: int, mlp_ratio: int, dropout: float) -> None:
+        super().__init__()
+        self.norm_tokens = nn.LayerNorm(dim)
+        self.attention = nn.MultiheadAttention(dim, heads, dropout=dropout, batch_first=True)
+        self.norm_mlp = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(
+            nn.Linear(dim, mlp_ratio * dim), nn.GELU(), nn.Dropout(dropout), nn.Linear(mlp_ratio * dim, dim)
+        )
+
+    def forward(self, query: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """(dim,) query over tokens (m, k, dim) -> (m, dim)."""
+        query = query.expand(tokens.shape[0], 1, -1)
+        keys = self.norm_tokens(tokens)
+        out = query + self.attention(query, keys, keys, need_weights=False)[0]
+        out = out + self.mlp(self.norm_mlp(out))
+        return out[:, 0]
+
+
+class ChannelViT(nn.Module):
+    """Per-band tokens, two-level (within group, across groups) cross-attention, then a ViT over space.
+
+    The channel-wise tokenizer follows Bao et al. 2024, "Channel Vision Transformers: An Image Is Worth 1×16×16
+    Words" (ICLR); the hierarchical aggregation follows Tsaris et al. 2025, "Distributed Cross-Channel Hierarchical
+    Aggregation for Foundation Models" (D-CHAG, arXiv:2506.21411). ``subpatch`` 0 picks 3 (1 for patches under 3),
+    giving 9 spatial tokens at patch 9 or 11; an 11-pixel patch is centre-cropped to 9 so sub-patches tile it.
+    """
+
+    SUMMARY = "channel ViT: per-band tokens, within- then across-group cross-attention, ViT over space"
+    PAPER = "Tsaris et al. 2025, Distributed Cross-Channel Hierarchical Aggregation for Foundation Models (D-CHAG)"
+    SIZES = {
+        "small": {"dim": 64, "depth": 2, "heads": 4, "mlp_ratio": 4, "num_groups": 4, "subpatch": 0, "dropout": 0.0},
+        "large": {"dim": 256, "depth": 6, "heads": 8, "mlp_ratio": 4, "num_groups": 4, "subpatch": 0, "dropout": 0.1},
+    }
+
+    def __init__(
+        self,
+        *,
+        in_bands: int,
+        num_classes: int,
+        patch_size: int,
+        dim: int,
+        depth: int,
+        heads: int,
+        mlp_ratio: int,
+        num_groups: int,
+        subpatch: int,
+        dropout: float,
+    ) -> None:
+        super().__init__()
+        if not 1 <= num_groups <= in_bands:
+            raise ModelError(
+                f"channel_vit: num_groups must be between 1 and the {in_bands} bands; got {num_groups}. "
+                f"Pass num_groups={min(max(num_groups, 1), in_bands)} or fewer."
+            )
+        if dim % heads:
+            raise ModelError(f"channel_vit: dim {dim} must be a multiple of heads {heads}; change one of them.")
+        subpatch = subpatch or (3 if patch_size >= 3 else 1)
+        if not 1 <= subpatch <= patch_size:
+            raise ModelError(
+                f"channel_vit: subpatch must be between 1 and patch_size {patch_size}; got {subpatch}. "
+                "Pass subpatch=0 to pick one automatically."
+            )
+        self.band_groups = contiguous_band_groups(in_bands, num_groups)
+        self.subpatch = subpatch
+        self.tokens_per_side = patch_size // subpatch
+        self.crop_start = (patch_size - self.tokens_per_side * subpatch) // 2
+        num_spatial_tokens = self.tokens_per_side**2
+
+        self.tokenizer = nn.Linear(subpatch * subpatch, dim)
+        self.band_embedding = nn.Parameter(torch.randn(in_bands, dim) * 0.02)
+        self.group_queries = nn.Parameter(torch.randn(num_groups, dim) * 0.02)
+        self.partial_aggregation = QueryCrossAttention(dim, heads, mlp_ratio, dropout)
+        self.group_embedding = nn.Parameter(torch.randn(num_groups, dim) * 0.02)
+        self.final_query = nn.Parameter(torch.randn(dim) * 0.02)
+        self.final_aggregation = QueryCrossAttention(dim, heads, mlp_ratio, dropout)
+
+        self.cls_token = nn.Parameter(torch.randn(1, 1, dim) * 0.02)
+        self.pos_embedding = nn.Parameter(torch.randn(1, num_spatial_tokens + 1, dim) * 0.02)
+        self.dropout = nn.Dropout(dropout)
+        self.encoder = nn.ModuleList(
+            nn.TransformerEncoderLayer(
+                dim, heads, mlp_ratio * dim, dropout, activation="gelu", batch_first=True, norm_first=True
+            )
+            for _ in range(depth)
+        )
+        self.norm = nn.LayerNorm(dim)
+        self.classifier = nn.Linear(dim, num_classes)
+
+    def _band_tokens(self, x_group: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        """(n, b_g, p, p) -> (n, b_g, L, dim): one token per band and s×s sub-patch."""
+        s, side, c = self.subpatch, self.tokens_per_side, self.crop_start
+        n, bands = x_group.shape[:2]
+        x = x_group[..., c : c + side * s, c : c + side * s]
+        x = x.reshape(n, bands, side, s, side, s).permute(0, 1, 2, 4, 3, 5).reshape(n, bands, side * side, s * s)
+        return self.tokenizer(x) + self.band_embedding[start:stop, None, :]
+
+    def encode_group(self, x_group: torch.Tensor, group_index: int) -> torch.Tensor:
+        """Tokenize one band group and aggregate its bands at each spatial position: (n, b_g, p, p) -> (n, L, dim)."""
+        start, stop = self.band_groups[group_index]
+        if x_group.shape[1] != stop - start:
+            raise ModelError(
+                f"channel_vit: group {group_index} holds bands {start}..{stop - 1} ({stop - start} bands) but got "
+                f"{x_group.shape[1]}; pass x[:, {start}:{stop}]."
+            )
+        tokens = self._band_tokens(x_group, start, stop)
+        n, bands, num_spatial, dim = tokens.shape
+        per_position = tokens.transpose(1, 2).reshape(n * num_spatial, bands, dim)
+        return self.partial_aggregation(self.group_queries[group_index], per_position).view(n, num_spatial, dim)
+
+    def aggregate(self, group_tokens: torch.Tensor, group_indices: torch.Tensor | list[int]) -> torch.Tensor:
+        """Cross-attend over the given groups' tokens at each spatial position: (n, G_active, L, dim) -> (n, L, dim).
+
+        Any subset of groups may be given (channel-subset rotation); ``group_indices`` says which, in order.
+        """
+        indices = torch.as_tensor(group_indices, dtype=torch.long, device=group_tokens.device)
+        if indices.numel() != group_tokens.shape[1]:
+            raise ModelError(
+                f"channel_vit: {group_tokens.shape[1]} group token sets but {indices.numel()} group indices; "
+                "pass one index per group in group_tokens."
+            )
+        tokens = group_tokens + self.group_embedding[indices][None, :, None, :]
+        n, groups, num_spatial, dim = tokens.shape
+        per_position = tokens.transpose(1, 2).reshape(n * num_spatial, groups, dim)
+        return self.final_aggregation(self.final_query, per_position).view(n, num_spatial, dim)
+
+    def head(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Run the transformer over the spatial tokens (n, L, dim) with a cls token -> logits (n, classes)."""
+        cls = self.cls_token.expand(tokens.shape[0], -1, -1)
+        x = self.dropout(torch.cat([cls, tokens], dim=1) + self.pos_embedding)
+        for layer in self.encoder:
+            x = layer(x)
+        return self.classifier(self.norm(x[:, 0]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits (n, classes) from patches (n, bands, p, p), every group encoded then aggregated."""
+        group_tokens = torch.stack(
+            [self.encode_group(x[:, start:stop], index) for index, (start, stop) in enumerate(self.band_groups)], dim=1
+        )
+        return self.head(self.aggregate(group_tokens, list(range(len(self.band_groups)))))

@@ -1,0 +1,57 @@
+"""1-D spectral CNN of Hu et al. (2015): convolution over the centre pixel's spectrum."""
+
+import math
+
+import torch
+from torch import nn
+
+from hslite.errors import ModelError
+
+
+class CNN1D(nn.Module):
+    """Conv1d over the spectrum -> max-pool -> tanh -> FC (hidden) -> tanh -> FC (classes).
+
+    Hu, Huang, Wei, Zhang, Li, "Deep Convolutional Neural Networks for Hyperspectral Image Classification",
+    Journal of Sensors, 2015, doi:10.1155/2015/258619. As in the paper (and DeepHyperX's ``HuEtAl``), the kernel
+    spans ``ceil(bands / 9)`` bands and the pool ``ceil(kernel / 5)`` when left at 0; "small" is the paper's
+    20 filters and 100 hidden units. Only the centre pixel of the patch is read.
+    """
+
+    SUMMARY = "1-D CNN over the centre pixel's spectrum"
+    PAPER = "Hu et al. 2015, Deep Convolutional Neural Networks for Hyperspectral Image Classification"
+    SIZES = {
+        "small": {"filters": 20, "hidden": 100, "kernel_size": 0, "pool_size": 0},
+        "large": {"filters": 80, "hidden": 400, "kernel_size": 0, "pool_size": 0},
+    }
+
+    def __init__(
+        self,
+        *,
+        in_bands: int,
+        num_classes: int,
+        patch_size: int,
+        filters: int,
+        hidden: int,
+        kernel_size: int,
+        pool_size: int,
+    ) -> None:
+        super().__init__()
+        kernel_size = kernel_size or math.ceil(in_bands / 9)
+        pool_size = pool_size or math.ceil(kernel_size / 5)
+        conv_length = in_bands - kernel_size + 1
+        if conv_length < pool_size:
+            raise ModelError(
+                f"cnn1d: a kernel of {kernel_size} bands and a pool of {pool_size} leave nothing of {in_bands} bands; "
+                "use more bands or pass a smaller kernel_size / pool_size."
+            )
+        self.conv = nn.Conv1d(1, filters, kernel_size)
+        self.pool = nn.MaxPool1d(pool_size)
+        self.fc_hidden = nn.Linear(filters * (conv_length // pool_size), hidden)
+        self.fc_out = nn.Linear(hidden, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits (n, classes) from patches (n, bands, p, p); only the centre spectrum is used."""
+        centre = x.shape[-1] // 2
+        spectrum = x[:, None, :, centre, centre]
+        features = torch.tanh(self.pool(self.conv(spectrum)))
+        return self.fc_out(torch.tanh(self.fc_hidden(features.flatten(1))))
