@@ -1,6 +1,7 @@
 """Model registry: a plain dict from name to class; ``get_model`` checks every argument before building."""
 
 import difflib
+from typing import Any, Protocol
 
 from torch import nn
 
@@ -11,8 +12,18 @@ from hslite.models.cnn3d import CNN3D
 from hslite.models.hybridsn import HybridSN
 from hslite.models.spectralformer import SpectralFormer
 
-# Each class carries SUMMARY, PAPER and SIZES ({"small": {...}, "large": {...}}: its hyper-parameter presets).
-_MODELS: dict[str, type[nn.Module]] = {
+
+class _ModelClass(Protocol):
+    """What the registry needs of a model class: its description and its size presets."""
+
+    SUMMARY: str  # what the model is, a few words
+    PAPER: str  # first author, year and title of the paper it follows
+    SIZES: dict[str, dict[str, Any]]  # {"small": {...}, "large": {...}}: keyword hyper-parameters of each preset
+
+    def __call__(self, *args: Any, **kwargs: Any) -> nn.Module: ...  # in_bands, num_classes, patch_size, **preset
+
+
+_MODELS: dict[str, _ModelClass] = {
     "cnn1d": CNN1D,
     "cnn3d": CNN3D,
     "hybridsn": HybridSN,
@@ -71,17 +82,16 @@ def _check_shape(label: str, value: object, *, minimum: int) -> None:
 
 def _checked_value(model: str, key: str, value: object, default: object) -> object:
     """Value of hyper-parameter ``key`` if it has the preset's type (ints pass for floats, lists for tuples)."""
-    if isinstance(default, tuple):
-        ok = isinstance(value, list | tuple) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
-        value = tuple(value) if ok else value
-    elif isinstance(default, float):
-        ok = isinstance(value, int | float) and not isinstance(value, bool)
-        value = float(value) if ok else value
-    else:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    if not ok:
-        raise ModelError(
-            f"Option {key}={value!r} for model {model!r} has the wrong type; the preset value is {default!r}, "
-            f"so pass a {type(default).__name__}."
-        )
-    return value
+    if isinstance(value, bool):
+        pass
+    elif isinstance(default, tuple) and isinstance(value, list | tuple):
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            return tuple(value)
+    elif isinstance(default, float) and isinstance(value, int | float):
+        return float(value)
+    elif isinstance(default, int) and isinstance(value, int):
+        return value
+    raise ModelError(
+        f"Option {key}={value!r} for model {model!r} has the wrong type; the preset value is {default!r}, "
+        f"so pass a {type(default).__name__}."
+    )

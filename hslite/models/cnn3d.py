@@ -54,7 +54,7 @@ class CNN3D(nn.Module):
         except RuntimeError as err:
             raise ModelError(
                 f"cnn3d cannot run on {in_bands} bands with dilation {dilation}: its spectral kernels do not fit "
-                f"({err}). Use more bands or dilation=1."
+                f"({err}). Use more bands{' or a smaller dilation' if dilation > 1 else ''}."
             ) from None
         self.fc = nn.Linear(features_size, num_classes)
 

@@ -43,7 +43,7 @@ class SpectralFormer(nn.Module):
         if near_bands < 1 or near_bands % 2 == 0 or near_bands > in_bands:
             raise ModelError(
                 f"spectralformer: near_bands must be odd and at most the {in_bands} bands; got {near_bands}. "
-                "Use near_bands=3 (the paper's choice) or 1."
+                f"Use near_bands={min(3, in_bands - 1 + in_bands % 2)} (the paper uses 3)."
             )
         if dim % heads:
             raise ModelError(f"spectralformer: dim {dim} must be a multiple of heads {heads}; change one of them.")
