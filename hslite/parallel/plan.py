@@ -6,10 +6,14 @@ Lightning Trainer arguments; nothing else in hslite decides devices, precision o
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hslite.errors import ConfigError
+
+if TYPE_CHECKING:
+    from hslite.config import Config
 
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
 COMPRESSIONS = ("none", "int8", "bf16", "fp16")
@@ -114,3 +118,71 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         """Plain dict for JSON reports."""
         return asdict(self)
+
+
+def visible_devices(accelerator: str) -> int:
+    """How many devices of this kind the box has: CUDA devices, or CPU cores for gloo processes."""
+    if accelerator == "gpu":
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return os.cpu_count() or 1
+
+
+def resolve_accelerator(accelerator: str) -> str:
+    """'auto' becomes 'gpu' when CUDA is available, else 'cpu'."""
+    if accelerator == "auto":
+        import torch
+
+        return "gpu" if torch.cuda.is_available() else "cpu"
+    return accelerator
+
+
+def plan_from_config(cfg: Config, check_visible: bool = True) -> Plan:
+    """The validated Plan a recipe asks for; with check_visible, refuse more devices than this box has."""
+    p = cfg.parallel
+    plan = Plan(
+        devices=p.devices,
+        num_nodes=p.num_nodes,
+        accelerator=resolve_accelerator(p.accelerator),
+        batch_size=cfg.data.batch_size,
+        accumulate=p.accumulate,
+        precision=p.precision,
+        compression=p.compression,
+        chag=p.chag,
+        rotation_groups=p.rotation_groups,
+        fsdp=p.fsdp,
+    ).validate()
+    if check_visible:
+        if plan.num_nodes > 1:
+            raise ConfigError(
+                f"this run asks for {plan.num_nodes} nodes; hslite trains on one box. Price it with "
+                f"`hslite preflight` and a topology profile (preflight.topology=...), or set parallel.num_nodes=1."
+            )
+        have = visible_devices(plan.accelerator)
+        if plan.devices > have:
+            kind = "GPUs" if plan.accelerator == "gpu" else "CPU cores"
+            raise ConfigError(
+                f"parallel.devices={plan.devices} but this box has {have} {kind} visible. "
+                f"Set parallel.devices≤{max(have, 1)}"
+                + (" or parallel.accelerator=cpu to run on CPU processes." if plan.accelerator == "gpu" else ".")
+            )
+    return plan
+
+
+def trainer_kwargs(plan: Plan, progress: bool = True) -> dict[str, Any]:
+    """Lightning Trainer arguments for a Plan: accelerator, devices, strategy, precision, accumulation, progress bar."""
+    from lightning.pytorch.callbacks import RichProgressBar
+
+    kwargs: dict[str, Any] = {
+        "accelerator": plan.accelerator,
+        "devices": plan.devices,
+        "num_nodes": plan.num_nodes,
+        "precision": plan.precision,
+        "accumulate_grad_batches": plan.accumulate,
+        "enable_progress_bar": progress,
+        "enable_model_summary": False,
+    }
+    if progress:
+        kwargs["callbacks"] = [RichProgressBar(leave=True)]
+    return kwargs
