@@ -155,7 +155,9 @@ def _recipe_path(recipe: str) -> Path:
         names = list(list_recipes())
         close = difflib.get_close_matches(recipe, names, n=3)
         hint = f" Did you mean {', '.join(close)}?" if close else ""
-        raise ConfigError(f"unknown recipe {recipe!r}.{hint} Known recipes: {', '.join(names)} (or a path to a .yaml file).")
+        raise ConfigError(
+            f"unknown recipe {recipe!r}.{hint} Known recipes: {', '.join(names)} (or a path to a .yaml file)."
+        )
     return path
 
 
@@ -165,7 +167,9 @@ def _closest_keys(key: str) -> str:
     if not close:
         section = key.split(".")[0]
         close = [k for k in keys if k.startswith(section + ".")][:6]
-    return f" Closest valid keys: {', '.join(close)}." if close else f" Valid sections: {', '.join(f.name for f in fields(Config))}."
+    if close:
+        return f" Closest valid keys: {', '.join(close)}."
+    return f" Valid sections: {', '.join(f.name for f in fields(Config))}."
 
 
 def _merge(base: Any, layer: Any, where: str) -> Any:
