@@ -1,0 +1,233 @@
+"""LightningDataModule for one scene.
+
+prepare_data fetches files; setup builds the split, the normalisation fitted on training pixels only, and patch
+datasets that gather whole batches in one indexing op.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning
+import numpy as np
+from torch.utils.data import DataLoader
+
+from hslite.datasets.io import ensure_file
+from hslite.datasets.patches import PatchDataset, PatchGatherer, collate_patches
+from hslite.datasets.preprocess import (
+    BandNormalizer,
+    PCAReducer,
+    Split,
+    check_finite,
+    make_split,
+    pad_reflect,
+    select_bands,
+)
+from hslite.datasets.scenes import Scene, get_scene_spec, is_synthetic, load_scene, scene_folder
+from hslite.errors import DataError
+
+
+class HSIDataModule(lightning.LightningDataModule):
+    """Patches of one scene for training, validation, test and a full-scene prediction pass.
+
+    Band indices (`remove_bands`) count from 0 in the cube as distributed; `drop_water_bands` adds the scene's
+    conventional water-absorption bands. Labels are zero-based (class - 1); prediction labels are -1 where unlabelled.
+    """
+
+    def __init__(
+        self,
+        scene: str,
+        root: str | None = None,
+        download: bool = False,
+        remove_bands: Sequence[int] = (),
+        remove_ranges_nm: Sequence[Sequence[float]] = (),
+        drop_water_bands: bool = True,
+        normalisation: str = "zscore",
+        pca_components: int = 0,  # 0 = no PCA
+        patch_size: int = 9,
+        split: str = "stratified",
+        train_fraction: float = 0.1,
+        val_fraction: float = 0.1,
+        train_per_class: int = 0,
+        val_per_class: int = 0,
+        block_size: int = 0,
+        split_file: str | None = None,
+        batch_size: int = 64,
+        eval_batch_size: int = 1024,
+        augment: bool = False,
+        num_workers: int = 0,
+        seed: int = 0,
+    ):
+        super().__init__()
+        get_scene_spec(scene)  # fail on an unknown scene name now, not in setup
+        self.save_hyperparameters()
+        self.scene_name = scene
+        self.root = root
+        self.download = download
+        self.remove_bands = [int(b) for b in remove_bands]
+        self.remove_ranges_nm = [tuple(r) for r in remove_ranges_nm]
+        self.drop_water_bands = drop_water_bands
+        self.normalisation = normalisation
+        self.pca_components = pca_components
+        self.patch_size = patch_size
+        self.split_kind = split
+        self.split_options = {
+            "train_fraction": train_fraction,
+            "val_fraction": val_fraction,
+            "train_per_class": train_per_class,
+            "val_per_class": val_per_class,
+            "block_size": block_size,
+        }
+        self.split_file = split_file
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size
+        self.augment = augment
+        self.num_workers = num_workers
+        self.seed = seed
+        self._datasets: dict[str, PatchDataset] = {}
+        self._scene: Scene | None = None
+        self._split: Split | None = None
+        self._kept_bands: np.ndarray | None = None
+        self._normaliser: BandNormalizer | None = None
+        self._pca: PCAReducer | None = None
+        self._wavelengths: np.ndarray | None = None
+        self._num_bands = 0
+
+    def prepare_data(self) -> None:
+        """Make sure the scene's files are present (downloading them when allowed); reads nothing."""
+        if is_synthetic(self.scene_name):
+            return
+        spec = get_scene_spec(self.scene_name)
+        folder = scene_folder(self.scene_name, self.root)
+        for remote in (spec.cube_file, spec.gt_file):
+            ensure_file(remote, folder, self.download)
+
+    def setup(self, stage: str | None = None) -> None:
+        """Load, clean, split, normalise (fitted on training pixels only), pad and wrap the scene; idempotent."""
+        if self._datasets:
+            return
+        scene = load_scene(self.scene_name, self.root, download=self.download, seed=self.seed)
+        water = get_scene_spec(self.scene_name).water_bands if self.drop_water_bands else ()
+        cube, wavelengths, kept = select_bands(
+            scene.cube, scene.wavelengths_nm, sorted(set(self.remove_bands) | set(water)), self.remove_ranges_nm
+        )
+        check_finite(cube)
+        split = self._load_or_make_split(scene.gt)
+        train_pixels = cube[split.train[:, 0], split.train[:, 1]]
+        self._normaliser = BandNormalizer(self.normalisation).fit(train_pixels)
+        cube = self._normaliser.transform(cube)
+        if self.pca_components:
+            self._pca = PCAReducer(self.pca_components).fit(cube[split.train[:, 0], split.train[:, 1]])
+            cube = self._pca.transform(cube)
+        gatherer = PatchGatherer(pad_reflect(cube, self.patch_size), self.patch_size)
+        for name, coords in (("train", split.train), ("val", split.val), ("test", split.test)):
+            labels = scene.gt[coords[:, 0], coords[:, 1]] - 1
+            self._datasets[name] = PatchDataset(gatherer, coords, labels, self.augment and name == "train", self.seed)
+        rows, cols = scene.gt.shape
+        everywhere = np.stack(np.divmod(np.arange(rows * cols), cols), axis=1)  # row-major
+        self._datasets["predict"] = PatchDataset(gatherer, everywhere, scene.gt.reshape(-1) - 1)
+        self._scene, self._split, self._kept_bands, self._wavelengths = scene, split, kept, wavelengths
+        self._num_bands = int(cube.shape[2])
+
+    def _load_or_make_split(self, gt: np.ndarray) -> Split:
+        if self.split_file is None:
+            return make_split(gt, self.split_kind, patch_size=self.patch_size, seed=self.seed, **self.split_options)
+        if not Path(self.split_file).is_file():
+            raise DataError(
+                f"split_file {self.split_file} does not exist; save one with Split.save or drop the option."
+            )
+        split = Split.load(self.split_file)
+        for name, coords in (("train", split.train), ("val", split.val), ("test", split.test)):
+            inside = (coords >= 0).all() and (coords[:, 0] < gt.shape[0]).all() and (coords[:, 1] < gt.shape[1]).all()
+            if not inside or (coords.size and (gt[coords[:, 0], coords[:, 1]] == 0).any()):
+                raise DataError(
+                    f"{self.split_file}: its {name} set has pixels outside the {gt.shape} scene or unlabelled; it was "
+                    f"made for another scene than {self.scene_name}."
+                )
+        return split
+
+    # ------------------------------------------------------------------------------------------------ loaders
+    def _loader(self, name: str, batch_size: int, shuffle: bool) -> DataLoader:
+        if not self._datasets:
+            raise DataError("HSIDataModule.setup() must run before its dataloaders are requested.")
+        return DataLoader(
+            self._datasets[name],
+            batch_size=batch_size,
+            shuffle=shuffle,
+            drop_last=False,
+            num_workers=self.num_workers,
+            collate_fn=collate_patches,
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        """Shuffled training batches of `batch_size`."""
+        return self._loader("train", self.batch_size, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        """Validation batches of `eval_batch_size`, in split order."""
+        return self._loader("val", self.eval_batch_size, shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        """Test batches of `eval_batch_size`, in split order."""
+        return self._loader("test", self.eval_batch_size, shuffle=False)
+
+    def predict_dataloader(self) -> DataLoader:
+        """Every pixel of the scene in row-major order; labels are class - 1, or -1 where unlabelled."""
+        return self._loader("predict", self.eval_batch_size, shuffle=False)
+
+    # --------------------------------------------------------------------------------------------- properties
+    def _ready(self, value: Any) -> Any:
+        if value is None or not self._datasets:
+            raise DataError("HSIDataModule.setup() must run before this property is read.")
+        return value
+
+    @property
+    def scene(self) -> Scene:
+        """The Scene as loaded (all bands, raw values); the model sees its kept, normalised bands."""
+        return self._ready(self._scene)
+
+    @property
+    def split(self) -> Split:
+        """The train/val/test split in use."""
+        return self._ready(self._split)
+
+    @property
+    def num_bands(self) -> int:
+        """Bands the model sees: after band removal and PCA."""
+        self._ready(self._scene)
+        return self._num_bands
+
+    @property
+    def num_classes(self) -> int:
+        """Number of classes C (labels 0..C-1 in the datasets)."""
+        return self.scene.num_classes
+
+    @property
+    def class_names(self) -> list[str]:
+        """Class names, index i for label i."""
+        return self.scene.class_names
+
+    @property
+    def kept_bands(self) -> np.ndarray:
+        """0-based indices, in the cube as distributed, of the bands kept before PCA."""
+        return self._ready(self._kept_bands)
+
+    @property
+    def wavelengths_nm(self) -> np.ndarray | None:
+        """Centres of the kept bands in nm, or None when the scene has no wavelengths."""
+        self._ready(self._scene)
+        return self._wavelengths
+
+    @property
+    def normaliser(self) -> BandNormalizer:
+        """The BandNormalizer fitted on training pixels."""
+        return self._ready(self._normaliser)
+
+    @property
+    def pca(self) -> PCAReducer | None:
+        """The PCAReducer fitted on training pixels, or None when pca_components is 0."""
+        self._ready(self._scene)
+        return self._pca

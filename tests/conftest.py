@@ -1,0 +1,25 @@
+"""Shared fixtures: the real data folder (skipped when absent) and a tiny synthetic scene."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """The ../shared/data folder of real benchmark files; skips the test when it is absent."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"real benchmark files not found at {SHARED_DATA} (../shared/data beside the repository)")
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def tiny_scene():
+    """The registered 24x24x32, 4-class synthetic scene (seed 0)."""
+    from hslite.datasets.scenes import load_scene
+
+    return load_scene("synthetic_tiny", seed=0)
