@@ -1,0 +1,131 @@
+"""hslite command line.
+
+    hslite fit                                   # the embedded quickstart recipe: synthetic scene, CPU, ~1 minute
+    hslite fit recipe=salinas_a_1gpu data.root=../shared/data train.max_epochs=30
+    hslite preflight recipe=indian_pines_8gpu preflight.topology=nvlink_8   # exit 0 GO, 3 NO-GO, 2 usage error
+    hslite recipes                               # list recipes
+    hslite models                                # list models
+    hslite data list | info SCENE | fetch SCENE [data.root=DIR]
+
+Overrides are `section.key=value` (see `hslite recipes --keys`); precedence: command line > recipe > defaults.
+Heavy libraries (torch, Lightning) are imported only by the command that needs them, so `--help` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from hslite.errors import HSLiteError
+
+EXIT_USAGE = 2
+
+
+def _cmd_fit(args: argparse.Namespace) -> int:
+    from hslite.config import load_config
+
+    cfg = load_config(None, args.overrides)
+    from hslite.fit import fit  # imports torch + Lightning: only after the config is known to be valid
+
+    fit(cfg)
+    return 0
+
+
+def _cmd_recipes(args: argparse.Namespace) -> int:
+    from hslite.config import list_recipes, valid_keys
+
+    if args.keys:
+        print("\n".join(valid_keys()))
+        return 0
+    recipes = list_recipes()
+    width = max(map(len, recipes))
+    for name, description in recipes.items():
+        print(f"{name:<{width}}  {description}")
+    return 0
+
+
+def _cmd_models(args: argparse.Namespace) -> int:
+    from hslite.models import describe_models
+
+    for name, description in describe_models().items():
+        print(f"{name:<15} {description}")
+    return 0
+
+
+def _cmd_data(args: argparse.Namespace) -> int:
+    from hslite.config import parse_overrides
+    from hslite.datasets import scenes
+
+    options = dict(parse_overrides(args.overrides))
+    unknown = set(options) - {"data.root"}
+    if unknown:
+        raise HSLiteError(f"`hslite data` takes only data.root=DIR, got {', '.join(sorted(unknown))}.")
+    root = options.get("data.root")
+    if args.action == "list":
+        for name in scenes.list_scenes():
+            spec = scenes.get_scene_spec(name)
+            rows, cols, bands = spec.shape
+            where = "download" if spec.cube_file.url else ("generated" if spec.cube_file.name == "" else "local files")
+            print(f"{name:<24} {rows}×{cols}×{bands:<4} {len(spec.class_names):>2} classes  {where:<11} {spec.title}")
+        return 0
+    if not args.scene:
+        raise HSLiteError(f"`hslite data {args.action}` needs a scene name; see `hslite data list`.")
+    spec = scenes.get_scene_spec(args.scene)
+    if args.action == "info":
+        folder = scenes.default_data_root() if root is None else root
+        rows, cols, bands = spec.shape
+        print(f"{spec.name}: {spec.title} ({spec.sensor}), {rows}×{cols} pixels, {bands} bands")
+        print(spec.description)
+        for f in (spec.cube_file, spec.gt_file):
+            source = f.url or "local only"
+            print(f"  {f.name}: {source} sha256={f.sha256 or 'unknown'} -> {folder}/{spec.name}/{f.name}")
+        print("  classes: " + ", ".join(f"{i + 1} {c}" for i, c in enumerate(spec.class_names)))
+        return 0
+    scene = scenes.load_scene(args.scene, root=root, download=True)
+    print(f"{args.scene}: ready, cube {scene.cube.shape}, {scene.num_classes} classes")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hslite",
+        description="Hyperspectral training on one box; a pre-flight check refuses multi-GPU plans that do not pay.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, handler: Callable[[argparse.Namespace], int], help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(handler=handler)
+        return p
+
+    add("fit", _cmd_fit, "train, test and report one recipe").add_argument(
+        "overrides", nargs="*", metavar="key=value", help="recipe=NAME and section.key=value overrides"
+    )
+    p = add("recipes", _cmd_recipes, "list the shipped recipes")
+    p.add_argument("--keys", action="store_true", help="list every key a recipe or override may set")
+    add("models", _cmd_models, "list the registered models")
+    p = add("data", _cmd_data, "list, describe or fetch scenes")
+    p.add_argument("action", choices=("list", "info", "fetch"))
+    p.add_argument("scene", nargs="?", help="scene name (info, fetch)")
+    p.add_argument("overrides", nargs="*", metavar="data.root=DIR")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `hslite` console script; returns the exit code."""
+    args = _parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except HSLiteError as err:
+        print(f"hslite: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("hslite: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

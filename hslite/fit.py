@@ -1,0 +1,244 @@
+"""Run one recipe end to end as a library call: scene -> model -> pre-flight gate -> Trainer from the Plan -> reports.
+
+    from hslite.config import load_config
+    from hslite.fit import fit
+    result = fit(load_config("salinas_a_1gpu", ["data.root=../shared/data"]))
+    print(result.run_dir, result.metrics["OA"])
+
+The CLI and `compare` both call `fit`; nothing here parses command lines.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+import warnings
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+
+from hslite.config import Config, to_yaml
+from hslite.datasets.datamodule import HSIDataModule
+from hslite.datasets.io import write_geotiff
+from hslite.models import get_model
+from hslite.parallel.plan import Plan, plan_from_config, trainer_kwargs
+from hslite.report import plot_confusion, plot_map, print_summary, write_json
+from hslite.task import HSIClassifier
+
+
+@dataclass
+class RunResult:
+    """What a finished run left behind."""
+
+    run_dir: Path
+    metrics: dict[str, Any]
+    plan: Plan
+
+
+class TrainThroughput(pl.Callback):
+    """Seconds spent in training batches and samples seen, excluding validation and start-up."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.samples = 0
+        self._start = 0.0
+
+    def on_train_batch_start(self, trainer: pl.Trainer, module: pl.LightningModule, batch: Any, batch_idx: int) -> None:  # noqa: D102
+        self._start = time.perf_counter()
+
+    def on_train_batch_end(  # noqa: D102
+        self, trainer: pl.Trainer, module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self.seconds += time.perf_counter() - self._start
+        self.samples += len(batch[1])
+
+
+def build_datamodule(cfg: Config) -> HSIDataModule:
+    """The datamodule a recipe describes (plain arguments, no Config inside)."""
+    d = cfg.data
+    return HSIDataModule(
+        scene=d.scene,
+        root=d.root,
+        download=d.download,
+        remove_bands=list(d.remove_bands),
+        remove_ranges_nm=[tuple(r) for r in d.remove_ranges_nm],
+        drop_water_bands=d.drop_water_bands,
+        normalisation=d.normalisation,
+        pca_components=d.pca_components,
+        patch_size=d.patch_size,
+        split=d.split,
+        train_fraction=d.train_fraction,
+        val_fraction=d.val_fraction,
+        train_per_class=d.train_per_class,
+        val_per_class=d.val_per_class,
+        block_size=d.block_size,
+        split_file=d.split_file,
+        batch_size=d.batch_size,
+        eval_batch_size=d.eval_batch_size,
+        augment=d.augment,
+        num_workers=d.num_workers,
+        seed=cfg.train.seed,
+    )
+
+
+def build_task(cfg: Config, datamodule: HSIDataModule) -> HSIClassifier:
+    """Model from the registry wrapped in the classification task."""
+    model = get_model(
+        cfg.model.name,
+        in_bands=datamodule.num_bands,
+        num_classes=datamodule.num_classes,
+        patch_size=cfg.data.patch_size,
+        size=cfg.model.size,
+    )
+    weights = None
+    if cfg.train.class_weights:
+        train = datamodule.split.train
+        labels = datamodule.scene.gt[train[:, 0], train[:, 1]] - 1
+        counts = np.bincount(labels, minlength=datamodule.num_classes).astype(np.float64)
+        weights = torch.tensor(counts.sum() / np.maximum(counts, 1) / datamodule.num_classes, dtype=torch.float32)
+    return HSIClassifier(
+        model,
+        num_classes=datamodule.num_classes,
+        lr=cfg.train.lr,
+        weight_decay=cfg.train.weight_decay,
+        warmup_epochs=cfg.train.warmup_epochs,
+        class_weights=weights,
+    )
+
+
+def quiet_lightning() -> None:
+    """Silence Lightning's start-up chatter at its source; hslite prints its own summary, and warnings still show.
+
+    The info logger carries hardware banners and sales tips ("try litlogger"); the pytree FutureWarning is Lightning's
+    own use of a torch API it has not migrated (lightning 2.6 with torch ≥ 2.10) and says nothing about hslite's code.
+    """
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"lightning\.pytorch\.utilities\._pytree")
+
+
+def _new_run_dir(cfg: Config) -> tuple[Path, Path]:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+    final = Path(cfg.output.root) / cfg.recipe / stamp
+    work = final.with_name(stamp + ".incomplete")
+    work.mkdir(parents=True)
+    return work, final
+
+
+def _load_best(task: HSIClassifier, checkpoint: Path | None) -> None:
+    if checkpoint is not None and checkpoint.is_file():
+        state = torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"]
+        task.load_state_dict(state)
+
+
+def fit(cfg: Config) -> RunResult:
+    """Train, test and report one recipe; returns the run folder and its metrics.
+
+    Everything that can fail on bad input (config, plan, data, model) fails before the run folder exists; the folder
+    is written as `<stamp>.incomplete` and renamed only when the run finished, so a crash never leaves a run that looks
+    done.
+    """
+    plan = plan_from_config(cfg)
+    quiet_lightning()
+    pl.seed_everything(cfg.train.seed, workers=True, verbose=False)
+    datamodule = build_datamodule(cfg)
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    task = build_task(cfg, datamodule)
+
+    work_dir, run_dir = _new_run_dir(cfg)
+    try:
+        (work_dir / "config.yaml").write_text(to_yaml(cfg))
+        datamodule.split.save(work_dir / "split.npz")
+        metrics = _train_and_evaluate(cfg, plan, datamodule, task, work_dir)
+        os.replace(work_dir, run_dir)
+    except BaseException:
+        shutil.rmtree(work_dir, ignore_errors=True)
+        raise
+    print_summary(metrics, run_dir, datamodule.class_names)
+    return RunResult(run_dir=run_dir, metrics=metrics, plan=plan)
+
+
+def _train_and_evaluate(
+    cfg: Config, plan: Plan, datamodule: HSIDataModule, task: HSIClassifier, work_dir: Path
+) -> dict[str, Any]:
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.loggers import CSVLogger
+
+    throughput = TrainThroughput()
+    callbacks: list[pl.Callback] = [throughput]
+    checkpoint = None
+    if cfg.output.save_checkpoint:
+        checkpoint = ModelCheckpoint(
+            dirpath=work_dir / "checkpoints", filename="best", monitor="val/OA", mode="max", save_top_k=1
+        )
+        callbacks.append(checkpoint)
+    kwargs = trainer_kwargs(plan, progress=cfg.train.progress)
+    callbacks += kwargs.pop("callbacks", [])
+    steps_per_epoch = max(1, len(datamodule.train_dataloader()))
+    trainer = pl.Trainer(
+        **kwargs,
+        max_epochs=cfg.train.max_epochs,
+        max_steps=cfg.train.max_steps,
+        limit_train_batches=_limit(cfg.train.limit_train_batches),
+        limit_val_batches=_limit(cfg.train.limit_val_batches),
+        check_val_every_n_epoch=cfg.train.check_val_every_n_epoch,
+        log_every_n_steps=min(50, steps_per_epoch),
+        callbacks=callbacks,
+        logger=CSVLogger(work_dir, name="logs", version=""),
+        default_root_dir=work_dir,
+        enable_checkpointing=cfg.output.save_checkpoint,
+    )
+    wall_start = time.perf_counter()
+    trainer.fit(task, datamodule=datamodule)
+    train_seconds = time.perf_counter() - wall_start
+
+    best = Path(checkpoint.best_model_path) if checkpoint and checkpoint.best_model_path else None
+    _load_best(task, best)
+    evaluator = pl.Trainer(**trainer_kwargs(plan.with_(devices=1, num_nodes=1), progress=False), logger=False)
+    test = evaluator.test(task, datamodule=datamodule, verbose=False)[0]
+    metrics: dict[str, Any] = {
+        "OA": test["test/OA"],
+        "AA": test["test/AA"],
+        "kappa": test["test/kappa"],
+        "per_class_accuracy": task.per_class_accuracy.tolist(),
+        "class_names": datamodule.class_names,
+        "epochs": trainer.current_epoch,
+        "optimizer_steps": trainer.global_step,
+        "train_seconds": train_seconds,
+        "train_batch_seconds": throughput.seconds,
+        "train_samples": throughput.samples,
+        "train_samples_per_second": throughput.samples / max(throughput.seconds, 1e-9),
+        "plan": plan.to_dict(),
+        "split_counts": datamodule.split.counts(datamodule.scene.gt),
+        "best_checkpoint": str(best.relative_to(work_dir)) if best else None,
+    }
+    confusion = task.confusion_matrix.numpy()
+    metrics["confusion_matrix"] = confusion.tolist()
+    plot_confusion(work_dir / "confusion.png", confusion, datamodule.class_names)
+    if cfg.output.save_map:
+        predicted = _predict_scene(evaluator, task, datamodule)
+        plot_map(work_dir / "map.png", predicted, datamodule.scene.gt, datamodule.class_names)
+        write_geotiff(work_dir / "prediction.tif", predicted, datamodule.scene.crs, datamodule.scene.transform)
+    write_json(work_dir / "metrics.json", metrics)
+    return metrics
+
+
+def _predict_scene(trainer: pl.Trainer, task: HSIClassifier, datamodule: HSIDataModule) -> np.ndarray:
+    """Class (1..C) of every pixel of the scene, predicted in batches."""
+    batches = trainer.predict(task, dataloaders=datamodule.predict_dataloader())
+    flat = torch.cat(batches).numpy().astype(np.int64) + 1
+    return flat.reshape(datamodule.scene.gt.shape)
+
+
+def _limit(value: float) -> float | int | None:
+    """Lightning's limit_*_batches: None for 'all' (its default, so it does not announce it), a count above 1."""
+    if value == 1.0:
+        return None
+    return int(value) if value > 1 else float(value)

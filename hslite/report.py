@@ -1,0 +1,115 @@
+"""Run outputs a person opens: metrics.json, confusion.png, map.png and the georeferenced prediction.tif."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def write_json(path: Path, payload: dict[str, Any]) -> None:
+    """Write JSON atomically (temp file + rename), so a crash never leaves half a report."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=2, default=_jsonable) + "\n")
+    os.replace(tmp, path)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)
+
+
+def class_colours(num_classes: int) -> np.ndarray:
+    """RGB in [0, 1] per class (index 0 = unlabelled, black), from qualitative colour maps."""
+    import matplotlib
+
+    cmap = matplotlib.colormaps["tab20"] if num_classes <= 20 else matplotlib.colormaps["gist_ncar"]
+    colours = [cmap(i / max(1, (20 if num_classes <= 20 else num_classes) - 1))[:3] for i in range(num_classes)]
+    return np.vstack([[0.0, 0.0, 0.0], np.asarray(colours)])
+
+
+def plot_confusion(path: Path, confusion: np.ndarray, class_names: list[str]) -> None:
+    """Row-normalised confusion matrix (recall per true class) with the counts annotated when it is small."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    counts = np.asarray(confusion, dtype=np.int64)
+    recall = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
+    size = max(4.0, 0.45 * len(class_names) + 2)
+    fig, ax = plt.subplots(figsize=(size + 1, size))
+    image = ax.imshow(recall, cmap="Blues", vmin=0, vmax=1)
+    ax.set_xticks(range(len(class_names)), class_names, rotation=60, ha="right", fontsize=7)
+    ax.set_yticks(range(len(class_names)), class_names, fontsize=7)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    if len(class_names) <= 16:
+        for (i, j), n in np.ndenumerate(counts):
+            if n:
+                colour = "white" if recall[i, j] > 0.5 else "black"
+                ax.text(j, i, str(n), ha="center", va="center", fontsize=6, color=colour)
+    fig.colorbar(image, ax=ax, fraction=0.046, label="share of true class")
+    ax.set_title("test confusion matrix")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_map(path: Path, predicted: np.ndarray, ground_truth: np.ndarray, class_names: list[str]) -> None:
+    """Predicted map of the whole scene beside the ground truth, class colours and a legend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    colours = class_colours(len(class_names))
+    height, width = ground_truth.shape
+    aspect = width / height
+    fig, axes = plt.subplots(1, 2, figsize=(2 * 4.5 * min(2.0, max(0.5, aspect)) + 2.5, 4.8))
+    for ax, labels, title in ((axes[0], ground_truth, "ground truth"), (axes[1], predicted, "prediction")):
+        ax.imshow(colours[labels], interpolation="nearest")
+        ax.set_title(title)
+        ax.set_axis_off()
+    handles = [Patch(color=colours[i + 1], label=f"{i + 1} {name}") for i, name in enumerate(class_names)]
+    fig.legend(handles=handles, loc="center right", fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0, 0.78, 1))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def summary_rows(metrics: dict[str, Any]) -> list[tuple[str, str]]:
+    """The lines of the end-of-run table."""
+    rows = [
+        ("overall accuracy (OA)", f"{100 * metrics['OA']:.2f}%"),
+        ("average accuracy (AA)", f"{100 * metrics['AA']:.2f}%"),
+        ("Cohen's kappa", f"{metrics['kappa']:.4f}"),
+        ("epochs", str(metrics["epochs"])),
+        ("train wall time", f"{metrics['train_seconds']:.1f} s"),
+        ("training throughput", f"{metrics['train_samples_per_second']:.0f} samples/s"),
+    ]
+    return rows
+
+
+def print_summary(metrics: dict[str, Any], run_dir: Path, class_names: list[str]) -> None:
+    """Short table at the end of `hslite fit`."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"hslite fit — {run_dir}", show_header=False)
+    for key, value in summary_rows(metrics):
+        table.add_row(key, value)
+    per_class = metrics.get("per_class_accuracy", [])
+    worst = sorted(zip(per_class, class_names, strict=True), key=lambda t: t[0])[:3]
+    if worst:
+        table.add_row("weakest classes", ", ".join(f"{name} {100 * acc:.1f}%" for acc, name in worst))
+    Console().print(table)

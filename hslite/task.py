@@ -1,0 +1,130 @@
+"""HSIClassifier: the LightningModule that trains any registered model on patches.
+
+Loss, optimiser and metrics live here; the model and the data know nothing of them. Labels are zero-based class
+indices; -1 marks an unlabelled pixel and is ignored by the loss and the metrics.
+"""
+
+from __future__ import annotations
+
+import math
+
+import lightning.pytorch as pl
+import torch
+from torch import nn
+from torchmetrics import MetricCollection
+from torchmetrics.classification import MulticlassAccuracy, MulticlassCohenKappa, MulticlassConfusionMatrix
+
+IGNORE_INDEX = -1
+
+
+def warmup_cosine(step: int, warmup_steps: int, total_steps: int) -> float:
+    """Learning-rate factor: linear warm-up to 1, then cosine decay to 0 at total_steps."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+class HSIClassifier(pl.LightningModule):
+    """Cross-entropy classification of pixels from their patches, with OA / AA / kappa / per-class metrics."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        num_classes: int,
+        lr: float = 1e-3,
+        weight_decay: float = 1e-4,
+        warmup_epochs: int = 2,
+        class_weights: torch.Tensor | None = None,
+    ) -> None:
+        super().__init__()
+        self.model = model
+        self.num_classes = num_classes
+        self.lr = lr
+        self.weight_decay = weight_decay
+        self.warmup_epochs = warmup_epochs
+        self.save_hyperparameters(ignore=["model", "class_weights"])
+        self.configure_losses(class_weights)
+        self.configure_metrics()
+
+    def configure_losses(self, class_weights: torch.Tensor | None) -> None:
+        """Cross-entropy that skips unlabelled pixels; optional per-class weights."""
+        self.loss = nn.CrossEntropyLoss(weight=class_weights, ignore_index=IGNORE_INDEX)
+
+    def configure_metrics(self) -> None:
+        """One metric collection, cloned per split with its prefix."""
+        c = self.num_classes
+        metrics = MetricCollection(
+            {
+                "OA": MulticlassAccuracy(c, average="micro", ignore_index=IGNORE_INDEX),
+                "AA": MulticlassAccuracy(c, average="macro", ignore_index=IGNORE_INDEX),
+                "kappa": MulticlassCohenKappa(c, ignore_index=IGNORE_INDEX),
+            }
+        )
+        self.train_metrics = metrics.clone(prefix="train/")
+        self.val_metrics = metrics.clone(prefix="val/")
+        self.test_metrics = metrics.clone(prefix="test/")
+        self.test_per_class = MulticlassAccuracy(c, average="none", ignore_index=IGNORE_INDEX)
+        self.test_confusion = MulticlassConfusionMatrix(c, ignore_index=IGNORE_INDEX)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits for a batch of patches (n, B, p, p)."""
+        return self.model(x)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        """One optimisation step's loss."""
+        x, y = batch
+        logits = self(x)
+        loss = self.loss(logits, y)
+        self.train_metrics.update(logits.detach(), y)
+        self.log("train/loss", loss, prog_bar=True, batch_size=len(y))
+        return loss
+
+    def on_train_epoch_end(self) -> None:
+        """Log the epoch's training metrics."""
+        self.log_dict(self.train_metrics.compute(), sync_dist=True)
+        self.train_metrics.reset()
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        """Accumulate validation loss and metrics."""
+        x, y = batch
+        logits = self(x)
+        self.log("val/loss", self.loss(logits, y), sync_dist=True, batch_size=len(y))
+        self.val_metrics.update(logits, y)
+
+    def on_validation_epoch_end(self) -> None:
+        """Log validation OA/AA/kappa (the checkpoint monitors val/OA)."""
+        self.log_dict(self.val_metrics.compute(), prog_bar=True, sync_dist=True)
+        self.val_metrics.reset()
+
+    def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        """Accumulate test metrics, per-class accuracy and the confusion matrix."""
+        x, y = batch
+        logits = self(x)
+        self.test_metrics.update(logits, y)
+        self.test_per_class.update(logits, y)
+        self.test_confusion.update(logits, y)
+
+    def on_test_epoch_end(self) -> None:
+        """Log test OA/AA/kappa; per-class accuracy and the confusion matrix stay on the module for reports."""
+        self.log_dict(self.test_metrics.compute(), sync_dist=True)
+        self.per_class_accuracy = self.test_per_class.compute().cpu()
+        self.confusion_matrix = self.test_confusion.compute().cpu()
+        self.test_metrics.reset()
+        self.test_per_class.reset()
+        self.test_confusion.reset()
+
+    def predict_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        """Predicted zero-based class of every pixel in the batch."""
+        x, _ = batch
+        return self(x).argmax(dim=1)
+
+    def configure_optimizers(self):  # noqa: D102 - Lightning hook
+        optimizer = torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+        total_steps = max(1, int(self.trainer.estimated_stepping_batches))
+        epochs = max(1, self.trainer.max_epochs or 1)
+        warmup_steps = min(total_steps // 2, self.warmup_epochs * math.ceil(total_steps / epochs))
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: warmup_cosine(step, max(1, warmup_steps), total_steps)
+        )
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
