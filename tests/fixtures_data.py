@@ -59,10 +59,10 @@ def write_envi(path_hdr: Path, cube: np.ndarray, wavelengths_nm=None) -> Path:
 def write_geotiff_cube(path: Path, cube: np.ndarray, epsg: int = 32615) -> tuple[object, object]:
     """Write a (rows, cols, bands) cube as a bands-first GeoTIFF with a UTM CRS; return (crs, transform)."""
     import rasterio
+    from affine import Affine
     from rasterio.crs import CRS
-    from rasterio.transform import from_origin
 
-    crs, transform = CRS.from_epsg(epsg), from_origin(271460.0, 3290891.0, 2.5, 2.5)
+    crs, transform = CRS.from_epsg(epsg), Affine(2.5, 0.0, 271460.0, 0.0, -2.5, 3290891.0)  # 2.5 m UTM pixels
     profile = dict(driver="GTiff", height=cube.shape[0], width=cube.shape[1], count=cube.shape[2],
                    dtype=cube.dtype.name, crs=crs, transform=transform)  # fmt: skip
     with rasterio.open(path, "w", **profile) as dataset:

@@ -311,9 +311,18 @@ def _block_split(shape, coords, labels, train_fraction, val_fraction, block_size
     fractions = np.array([train_fraction, val_fraction, 1 - train_fraction - val_fraction])
     targets = fractions[:, None] * histogram.sum(axis=0)[None, :]
     assigned = np.zeros_like(targets)
-    subset_of_block = np.empty(blocks.size, dtype=np.int64)
-    # Greedy: each block, in random order, goes to the subset whose per-class quota it fills most (relative need).
-    for block in rng.permutation(blocks.size):
+    subset_of_block = np.full(blocks.size, -1, dtype=np.int64)
+    order = rng.permutation(blocks.size)
+    # First, rarest class first, one block of each class still missing from train goes to train, then one to test
+    # (when the class has another block), so a few-block class is not lost to one subset.
+    for subset in (0, 2):
+        for cls in np.argsort(histogram.sum(axis=0), kind="stable"):
+            holders = [b for b in order if histogram[b, cls] > 0 and subset_of_block[b] < 0]
+            if cls > 0 and holders and not (subset_of_block[histogram[:, cls] > 0] == subset).any():
+                subset_of_block[holders[0]] = subset
+                assigned[subset] += histogram[holders[0]]
+    # Then greedily: each remaining block, in random order, goes to the subset whose per-class quota it fills most.
+    for block in order[subset_of_block[order] < 0]:
         need = np.clip((targets - assigned) / np.maximum(targets, 1e-9), 0, 1) @ histogram[block]
         subset = int(np.argmax(need)) if need.max() > 0 else 2
         subset_of_block[block] = subset

@@ -1,0 +1,68 @@
+"""HSIDataModule end to end on the synthetic tiny scene."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from hslite.datasets.datamodule import HSIDataModule
+from hslite.datasets.preprocess import make_split
+from hslite.errors import DataError
+
+
+def _module(**overrides) -> HSIDataModule:
+    options = dict(scene="synthetic_tiny", patch_size=5, batch_size=16, eval_batch_size=100, train_fraction=0.2)
+    return HSIDataModule(**{**options, **overrides})
+
+
+def test_setup_loaders_and_predict_cover_the_scene():
+    module = _module()
+    module.prepare_data()
+    module.setup("fit")
+    datasets = dict(module._datasets)
+    module.setup("test")  # idempotent: nothing rebuilt
+    assert module._datasets == datasets
+    assert module.num_bands == 32 and module.num_classes == 4 and len(module.class_names) == 4
+    assert module.kept_bands.tolist() == list(range(32))
+    split, gt = module.split, module.scene.gt
+    train_batches = list(module.train_dataloader())
+    assert sum(len(y) for _, y in train_batches) == len(split.train)
+    x, y = train_batches[0]
+    assert x.shape == (16, 32, 5, 5) and x.dtype == torch.float32 and y.min() >= 0 and y.max() <= 3
+    for loader, coords in ((module.val_dataloader(), split.val), (module.test_dataloader(), split.test)):
+        labels = torch.cat([y for _, y in loader])
+        assert labels.tolist() == (gt[coords[:, 0], coords[:, 1]] - 1).tolist()
+    predicted = list(module.predict_dataloader())
+    assert sum(len(y) for _, y in predicted) == 24 * 24
+    assert torch.cat([y for _, y in predicted]).tolist() == (gt.reshape(-1) - 1).tolist()  # row-major, -1 unlabelled
+    # normalisation was fitted on training pixels only: train pixels are standardised, at the centre of each patch
+    centres = torch.cat([x[:, :, 2, 2] for x, _ in module._loader("train", 1000, shuffle=False)])
+    np.testing.assert_allclose(centres.mean(0).numpy(), 0, atol=1e-4)
+
+
+def test_band_removal_pca_and_split_file(tmp_path):
+    module = _module(pca_components=4, remove_bands=[0, 1], remove_ranges_nm=[[2400, 2500]], normalisation="stretch2")
+    module.setup()
+    assert module.num_bands == 4 and module.pca is not None
+    assert 0 not in module.kept_bands and module.wavelengths_nm.max() < 2400
+    assert next(iter(module.train_dataloader()))[0].shape[1] == 4
+    split = make_split(module.scene.gt, "count", train_per_class=6, val_per_class=2, seed=5)
+    split.save(tmp_path / "split.npz")
+    reused = _module(split_file=str(tmp_path / "split.npz"))
+    reused.setup()
+    assert reused.split.kind == "count" and len(reused.split.train) == 24
+
+
+def test_errors_are_data_errors(tmp_path):
+    with pytest.raises(DataError, match="Unknown scene"):
+        HSIDataModule(scene="nowhere")
+    module = _module()
+    with pytest.raises(DataError, match="setup"):
+        module.train_dataloader()
+    with pytest.raises(DataError, match="setup"):
+        _ = module.num_classes
+    with pytest.raises(DataError, match="does not exist"):
+        _module(split_file=str(tmp_path / "none.npz")).setup()
+    with pytest.raises(DataError, match="too large"):
+        _module(patch_size=49).setup()
