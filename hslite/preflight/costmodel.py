@@ -1,0 +1,271 @@
+"""Predicted step time and memory of a Plan, from one device's probe and a link model (formulas: DESIGN §3).
+
+A handful of small analytic functions with units in their names; `predict` composes them. Each formula names its
+source. `ring_factor_exact=False` switches to the seeds' simplification (2(N−1)/N → 2, one latency per
+collective, i.e. T_comm ≈ alpha + 2·S/BW as in DESIGN §3's P* line), which is what the reference cases assume.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from hslite.errors import ConfigError
+
+if TYPE_CHECKING:
+    from hslite.parallel.plan import Plan
+    from hslite.preflight.links import LinkModel
+    from hslite.preflight.probe import ProbeResult
+
+# torch DDP's default bucket_cap_mb=25: the last bucket to fill is reduced after backward, so it never overlaps.
+DDP_BUCKET_CAP_BYTES = 25 * 2**20
+# One fp32 scale per quantised chunk; the int8 hook quantises per DDP bucket.
+INT8_CHUNK_BYTES = DDP_BUCKET_CAP_BYTES
+# Quantise + dequantise (with error feedback) cost when the probe did not measure it: measured on a 2-core AVX2 CPU
+# with torch 2.13 on an 8 MB fp32 buffer (`probe_model(..., measure_compression=True)`); GPUs are far faster.
+DEFAULT_COMPRESS_SECONDS_PER_BYTE = 1.0e-9
+WIRE_BYTES_PER_GRAD_BYTE = {"none": 1.0, "int8": 0.25, "bf16": 0.5, "fp16": 0.5}
+
+
+def _ring_seconds(phases: int, total_bytes: float, world_size: int, link: LinkModel, exact: bool) -> float:
+    # Ring collectives (Thakur, Rabenseifner & Gropp 2005; Patarasuk & Yuan 2009): each phase is N−1 steps of
+    # S/N bytes. All-gather and reduce-scatter are one phase, all-reduce is both.
+    if world_size <= 1 or total_bytes <= 0:
+        return 0.0
+    n, bw = world_size, link.bandwidth_bytes_per_second
+    if not exact:  # seeds' bound: latency once, (N−1)/N → 1
+        return link.alpha_seconds + phases * total_bytes / bw
+    return phases * (n - 1) * link.alpha_seconds + phases * (n - 1) / n * total_bytes / bw
+
+
+def allreduce_seconds(grad_bytes: float, world_size: int, link: LinkModel, *, ring_factor_exact: bool = True) -> float:
+    """Ring all-reduce: 2(N−1)·alpha + 2(N−1)/N·S/BW (DESIGN §3)."""
+    return _ring_seconds(2, grad_bytes, world_size, link, ring_factor_exact)
+
+
+def allgather_seconds(total_bytes: float, world_size: int, link: LinkModel, *, ring_factor_exact: bool = True) -> float:
+    """Ring all-gather of a `total_bytes` result: (N−1)·alpha + (N−1)/N·S/BW."""
+    return _ring_seconds(1, total_bytes, world_size, link, ring_factor_exact)
+
+
+def reduce_scatter_seconds(
+    total_bytes: float, world_size: int, link: LinkModel, *, ring_factor_exact: bool = True
+) -> float:
+    """Ring reduce-scatter of a `total_bytes` input: (N−1)·alpha + (N−1)/N·S/BW."""
+    return _ring_seconds(1, total_bytes, world_size, link, ring_factor_exact)
+
+
+def wire_bytes(grad_bytes: float, compression: str) -> float:
+    """Bytes all-reduced per step: S, S/2 for bf16/fp16, S/4 plus one fp32 scale per chunk for int8 (DESIGN §3)."""
+    if compression not in WIRE_BYTES_PER_GRAD_BYTE:
+        raise ConfigError(f"compression must be one of {', '.join(WIRE_BYTES_PER_GRAD_BYTE)}, got {compression!r}.")
+    scales_bytes = 4 * math.ceil(grad_bytes / INT8_CHUNK_BYTES) if compression == "int8" else 0
+    return grad_bytes * WIRE_BYTES_PER_GRAD_BYTE[compression] + scales_bytes
+
+
+def ddp_step_seconds(
+    forward_seconds: float,
+    backward_seconds: float,
+    optimizer_seconds: float,
+    allreduce_seconds: float,
+    overlap: float = 0.0,
+    accumulate: int = 1,
+) -> float:
+    """Per optimiser step: G·(T_f + T_b) + T_opt + max(0, T_ar − o·T_b); one all-reduce per G micro-steps (§3)."""
+    exposed_seconds = max(0.0, allreduce_seconds - overlap * backward_seconds)
+    return accumulate * (forward_seconds + backward_seconds) + optimizer_seconds + exposed_seconds
+
+
+def fit_compute_model(batch_sizes: list[int], seconds: list[float]) -> tuple[float, float]:
+    """Least-squares c0, c1 of T_c(b) ≈ c0 + c1·b (DESIGN §3) from ≥ 2 batch sizes; both clipped at ≥ 0."""
+    if len(set(batch_sizes)) < 2:
+        raise ConfigError(f"the compute model needs ≥ 2 distinct batch sizes, got {sorted(set(batch_sizes))}.")
+    b, t = np.asarray(batch_sizes, dtype=float), np.asarray(seconds, dtype=float)
+    c0, c1 = np.linalg.lstsq(np.stack([np.ones_like(b), b], 1), t, rcond=None)[0]
+    if c1 < 0:  # timing noise larger than the batch effect: the step time is all fixed cost
+        return float(t.mean()), 0.0
+    if c0 < 0:  # no measurable fixed cost: a line through the origin
+        return 0.0, float(b @ t / (b @ b))
+    return float(c0), float(c1)
+
+
+def critical_params(
+    c0_seconds: float,
+    c1_seconds_per_param_sample: float,
+    batch_size: int,
+    link: LinkModel,
+    *,
+    r_target: float = 1.0,
+    grad_element_bytes: int = 4,
+) -> float | None:
+    """P* = (alpha − r*·c0) / (r*·c1·b − 2·b_g/BW): DP reaches r ≤ r* from P* parameters up (DESIGN §3).
+
+    From T_c ≈ c0 + c1·P·b and T_comm ≈ alpha + 2·P·b_g/BW. c1 here is per parameter and sample: a probe's
+    `compute_c1_seconds_per_sample / param_count`. None when the denominator is ≤ 0: DP never pays on that link.
+    Clipped at 0 when any size pays.
+    """
+    denominator = r_target * c1_seconds_per_param_sample * batch_size - 2 * grad_element_bytes / (
+        link.bandwidth_bytes_per_second
+    )
+    if denominator <= 0:
+        return None
+    return max(0.0, (link.alpha_seconds - r_target * c0_seconds) / denominator)
+
+
+@dataclass
+class Prediction:
+    """What one plan is predicted to cost, per optimiser step, and whether it fits."""
+
+    step_seconds: float  # one optimiser step (G micro-steps)
+    compute_seconds: float
+    comm_seconds: float  # exposed (not hidden under backward)
+    samples_per_second: float  # global
+    ecd: float  # effective compute per device: global samples/s ÷ world size
+    per_device_peak_bytes: int
+    fits_memory: bool
+    speedup: float  # S(N) against the same per-device plan alone on one device
+    r: float  # communication/computation ratio, S(N) = N/(1+r)
+    memory_budget_bytes: int  # what one rank may use (host memory ÷ processes on CPU)
+    memory_breakdown_bytes: dict[str, int] = field(default_factory=dict)
+    oversubscription: float = 1.0  # CPU compute slow-down from ranks sharing cores; 1 means none
+    cpu_cores: int | None = None  # cores the CPU ranks share; None on GPU
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict for preflight.json."""
+        return asdict(self)
+
+
+def memory_breakdown_bytes(plan: Plan, probe: ProbeResult) -> dict[str, int]:
+    """Per-rank peak terms (DESIGN §3 memory): params, grads, optimiser (÷ dp under FSDP), activations, workspace."""
+    shards = plan.dp if plan.fsdp else 1
+    activation_factor = _tokenizer_factor(plan, probe, probe.tokenizer_activation_fraction, plan.chag)
+    counted = probe.param_bytes + probe.grad_bytes + probe.optimizer_bytes + probe.activation_bytes
+    return {
+        "params": math.ceil(probe.param_bytes / shards),
+        "grads": math.ceil(probe.grad_bytes / shards),
+        "optimizer": math.ceil(probe.optimizer_bytes / shards),
+        "activations": math.ceil(probe.activation_bytes * plan.batch_size / probe.batch_size * activation_factor),
+        "workspace": max(0, probe.peak_bytes - counted),  # allocator and kernel scratch seen at the probe's peak
+    }
+
+
+def _tokenizer_factor(plan: Plan, probe: ProbeResult, fraction: float | None, chag: int) -> float:
+    # Channel groups divide the tokenizer's work by chag; rotation keeps k of G groups (DESIGN §3).
+    if fraction is None:
+        return 1.0
+    active = 1.0 / chag
+    if plan.rotation_enabled and probe.band_groups:
+        active *= plan.rotation_groups / probe.band_groups
+    return (1.0 - fraction) + fraction * active
+
+
+def _compute_seconds(plan: Plan, probe: ProbeResult, chag: int) -> tuple[float, float]:
+    """(per-step compute, last micro-step's backward) on one rank, before any sharing of CPU cores."""
+    if plan.batch_size == probe.batch_size:
+        fb_seconds = probe.forward_seconds + probe.backward_seconds
+    else:
+        fb_seconds = probe.compute_c0_seconds + probe.compute_c1_seconds_per_sample * plan.batch_size
+    fb_seconds *= _tokenizer_factor(plan, probe, probe.chag_fraction, chag)
+    backward_share = probe.backward_seconds / max(probe.forward_seconds + probe.backward_seconds, 1e-12)
+    data_seconds = probe.data_seconds * plan.batch_size / probe.batch_size
+    optimizer_seconds = probe.optimizer_seconds / (plan.dp if plan.fsdp else 1)  # each rank steps its shard
+    return plan.accumulate * (fb_seconds + data_seconds) + optimizer_seconds, fb_seconds * backward_share
+
+
+def predict(
+    plan: Plan,
+    probe: ProbeResult,
+    link: LinkModel,
+    device_memory_bytes: int,
+    *,
+    chag_link: LinkModel | None = None,
+    cpu_cores: int | None = None,
+    ring_factor_exact: bool = True,
+) -> Prediction:
+    """Price one plan: step time, throughput, ECD, speed-up, r and per-device memory (DESIGN §3).
+
+    `link` carries the data-parallel (and FSDP) collectives, `chag_link` the channel-group ones (default: `link`).
+    On CPU, ranks are processes sharing `cpu_cores` (default: this machine's): compute slows by
+    devices × probe.threads / cores when above 1, and `device_memory_bytes` is host memory shared by the ranks.
+    """
+    plan.validate()
+    notes: list[str] = []
+    if probe.precision != plan.precision:
+        notes.append(f"probe ran at {probe.precision}, plan uses {plan.precision}: compute not re-measured")
+    if plan.batch_size > 2 * probe.batch_size:  # the probe timed b and b/2; beyond 2b the line is extrapolated
+        notes.append(f"batch {plan.batch_size} extrapolated from probes at {probe.batch_size // 2}-{probe.batch_size}")
+    oversubscription, cores = 1.0, None
+    if plan.accelerator == "cpu":
+        cores = cpu_cores or len(os.sched_getaffinity(0))
+        oversubscription = max(1.0, plan.devices * probe.threads / cores)
+        if oversubscription > 1:
+            notes.append(f"{plan.devices} processes × {probe.threads} threads share {cores} cores")
+    compute_seconds, backward_seconds = (oversubscription * s for s in _compute_seconds(plan, probe, plan.chag))
+
+    exposed_seconds = 0.0
+    if plan.dp > 1 and plan.fsdp:  # all-gather params in forward and backward, reduce-scatter grads (§3)
+        exposed_seconds = (
+            plan.accumulate
+            * 2
+            * allgather_seconds(probe.param_bytes, plan.dp, link, ring_factor_exact=ring_factor_exact)
+        )
+        exposed_seconds += reduce_scatter_seconds(probe.grad_bytes, plan.dp, link, ring_factor_exact=ring_factor_exact)
+        exposed_seconds = max(0.0, exposed_seconds - link.overlap * backward_seconds)
+        notes.append("FSDP: the transiently gathered parameters of one wrapped unit are not counted in memory")
+    elif plan.dp > 1:
+        on_wire_bytes = wire_bytes(probe.grad_bytes, plan.compression)
+        seconds = allreduce_seconds(on_wire_bytes, plan.dp, link, ring_factor_exact=ring_factor_exact)
+        overlap = link.overlap * max(0.0, 1.0 - DDP_BUCKET_CAP_BYTES / max(probe.grad_bytes, 1))
+        exposed_seconds = max(0.0, seconds - overlap * backward_seconds)
+        if plan.compression == "int8":
+            per_byte = probe.compress_seconds_per_byte
+            if per_byte is None:
+                per_byte = DEFAULT_COMPRESS_SECONDS_PER_BYTE
+                notes.append(f"int8 quantise cost not measured: default {per_byte:.1e} s/byte assumed")
+            exposed_seconds += per_byte * probe.grad_bytes
+        elif plan.compression_enabled:
+            notes.append(f"{plan.compression} cast cost not priced")
+    if plan.chag_enabled:
+        exposed_seconds += _chag_seconds(plan, probe, chag_link or link, ring_factor_exact, notes)
+    if plan.rotation_enabled and (probe.chag_fraction is None or not probe.band_groups):
+        notes.append("rotation not priced: the probe did not measure the tokenizer share or band groups")
+
+    step_seconds = compute_seconds + exposed_seconds
+    samples_per_second = plan.global_batch / step_seconds
+    alone_seconds = _compute_seconds(plan, probe, 1)[0]  # same per-device plan, one rank, nothing shared
+    speedup = samples_per_second / (plan.batch_size * plan.accumulate / alone_seconds)
+    breakdown = memory_breakdown_bytes(plan, probe)
+    peak_bytes = sum(breakdown.values())
+    budget_bytes = device_memory_bytes // plan.devices if plan.accelerator == "cpu" else device_memory_bytes
+    return Prediction(
+        step_seconds=step_seconds,
+        compute_seconds=compute_seconds,
+        comm_seconds=exposed_seconds,
+        samples_per_second=samples_per_second,
+        ecd=samples_per_second / plan.world_size,
+        per_device_peak_bytes=peak_bytes,
+        fits_memory=peak_bytes <= budget_bytes,
+        speedup=speedup,
+        r=plan.world_size / speedup - 1.0,
+        memory_budget_bytes=budget_bytes,
+        memory_breakdown_bytes=breakdown,
+        oversubscription=oversubscription,
+        cpu_cores=cores,
+        notes=notes,
+    )
+
+
+def _chag_seconds(plan: Plan, probe: ProbeResult, link: LinkModel, exact: bool, notes: list[str]) -> float:
+    # All-gather of the b × G × D group tokens forward, reduce-scatter of their gradient backward, per micro-step.
+    if probe.group_token_bytes_per_sample is None:
+        notes.append("channel-group traffic not priced: the probe did not measure the group token size")
+        return 0.0
+    token_bytes = probe.group_token_bytes_per_sample * plan.batch_size
+    per_micro_seconds = allgather_seconds(token_bytes, plan.chag, link, ring_factor_exact=exact)
+    per_micro_seconds += reduce_scatter_seconds(token_bytes, plan.chag, link, ring_factor_exact=exact)
+    return plan.accumulate * per_micro_seconds

@@ -1,0 +1,344 @@
+"""Interconnect models: all-reduce latency alpha and bandwidth BW, measured on this machine or read from a profile.
+
+`measure_links` spawns the ranks, times all_reduce at several sizes and fits DESIGN §3's ring formula; it also
+measures how much of DDP's all-reduce hides under backward (overlap o). `load_topology` reads a YAML profile for
+devices and nodes that are not visible here (multi-node plans are priced, never launched).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import yaml
+from torch import nn
+
+from hslite.errors import ConfigError, HSLiteError
+from hslite.parallel.plan import Plan
+from hslite.preflight import read_cache, write_cache
+
+# Sizes that span latency- and bandwidth-bound all-reduces; gloo on CPU saturates by a few MiB, NCCL needs more.
+DEFAULT_SIZES_BYTES = {"gloo": (4 << 10, 64 << 10, 1 << 20, 4 << 20), "nccl": (64 << 10, 4 << 20, 64 << 20, 256 << 20)}
+MAX_SIZE_BYTES = {"gloo": 64 << 20, "nccl": 1 << 30}  # adaptive growth stops here (see _rank_main)
+WARMUP_REPEATS = 2  # the first collectives of a fresh group pay connection set-up; never timed
+OVERLAP_BUCKET_CAP_BYTES = 2 << 20  # several buckets for the synthetic model (8 MiB of gradients) so overlap can show
+# Per-layer communication (channel groups, FSDP) may span nodes only while B_intra / B_inter stays below this
+# (DESIGN §3: "start at 4, calibrate").
+PER_LAYER_CROSS_NODE_MAX_RATIO = 4.0
+
+
+@dataclass
+class LinkModel:
+    """A collective's link: latency per ring step, bandwidth (nccl-tests "busbw" sense) and DDP overlap in [0, 1]."""
+
+    alpha_seconds: float
+    bandwidth_bytes_per_second: float
+    overlap: float = 0.0  # share of backward under which all-reduce can hide; 0 is the seeds' no-overlap bound
+    source: str = ""  # where the figures come from (measurement, or topology profile)
+    points: list[tuple[int, float]] = field(default_factory=list)  # (bytes, seconds) measured, if any
+
+    @classmethod
+    def no_cost(cls, source: str = "single device: no communication") -> LinkModel:
+        """The link of a one-rank group: collectives are free."""
+        return cls(0.0, math.inf, 0.0, source, [])
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict for JSON (infinite bandwidth is written as null)."""
+        out = asdict(self)
+        out["bandwidth_bytes_per_second"] = (
+            None if math.isinf(self.bandwidth_bytes_per_second) else out["bandwidth_bytes_per_second"]
+        )
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LinkModel:
+        """Inverse of `to_dict`."""
+        bw = data["bandwidth_bytes_per_second"]
+        return cls(
+            float(data["alpha_seconds"]),
+            math.inf if bw is None else float(bw),
+            float(data.get("overlap", 0.0)),
+            str(data.get("source", "")),
+            [(int(s), float(t)) for s, t in data.get("points", [])],
+        )
+
+
+def fit_link(points: list[tuple[int, float]], world_size: int) -> tuple[float, float]:
+    """Least-squares alpha and BW from (bytes, seconds) on T = 2(N−1)·alpha + 2(N−1)/N·S/BW (DESIGN §3, ring)."""
+    if world_size < 2 or len(points) < 2:
+        raise ConfigError(f"fitting a link needs ≥ 2 ranks and ≥ 2 sizes, got {world_size} ranks, {len(points)} sizes.")
+    sizes = np.array([s for s, _ in points], dtype=float)
+    seconds = np.array([t for _, t in points], dtype=float)
+    intercept, slope = np.linalg.lstsq(np.stack([np.ones_like(sizes), sizes], 1), seconds, rcond=None)[0]
+    if intercept < 0:  # noise on a latency too small to resolve: force the line through the origin
+        intercept, slope = 0.0, float(sizes @ seconds / (sizes @ sizes))
+    if slope <= 0:  # no size resolved bandwidth: latency from the mean, BW bounded as if the largest were all transfer
+        intercept, slope = float(seconds.mean()), float(seconds[sizes.argmax()] / sizes.max())
+    n = world_size
+    return float(intercept) / (2 * (n - 1)), 2 * (n - 1) / n / float(slope)
+
+
+def measure_links(
+    world_size: int,
+    sizes_bytes: tuple[int, ...] | None = None,
+    backend: str = "gloo",
+    threads_per_process: int = 1,
+    repeats: int = 5,
+    timeout_seconds: float = 60.0,
+    fresh: bool = False,
+) -> LinkModel:
+    """Measure alpha, BW and overlap o with `world_size` spawned ranks; cached per (backend, N, threads, host).
+
+    Method: each size is all-reduced `repeats` times after a warm-up, behind a barrier; a size's time is the slowest
+    rank's median. Overlap: a synthetic 8-layer MLP's backward is timed alone (T_b), with DDP's bucketed
+    asynchronous all-reduce (emulated with gradient hooks, 2 MiB buckets) and waiting for it (T_ddp), and its
+    gradients' all-reduce alone (T_ar); o = (T_b + T_ar − T_ddp) / T_b clipped to [0, 1], the inverse of DESIGN §3's
+    T_N = T_b + max(0, T_ar − o·T_b). `fresh=True` ignores the cache.
+    """
+    if world_size <= 1:
+        return LinkModel.no_cost()
+    if backend not in DEFAULT_SIZES_BYTES:
+        raise ConfigError(f"link backend must be 'gloo' or 'nccl', got {backend!r}.")
+    sizes = tuple(sizes_bytes or DEFAULT_SIZES_BYTES[backend])
+    key = {"backend": backend, "world_size": world_size, "threads": threads_per_process, "host": socket.gethostname()}
+    key["sizes_bytes"], key["repeats"] = list(sizes), repeats
+    cached = None if fresh else read_cache("links", key)
+    if cached is not None:
+        return LinkModel.from_dict(cached)
+    with tempfile.TemporaryDirectory(prefix="hslite-links-") as tmp:
+        out = Path(tmp) / "result.json"
+        args = (world_size, backend, str(Path(tmp) / "store"), sizes, repeats, threads_per_process, str(out))
+        ctx = mp.start_processes(
+            _rank_main, args=(*args, timeout_seconds), nprocs=world_size, join=False, start_method="spawn"
+        )
+        deadline = time.monotonic() + timeout_seconds
+        while not ctx.join(timeout=max(0.0, min(1.0, deadline - time.monotonic()))):
+            if time.monotonic() >= deadline:
+                for proc in ctx.processes:
+                    proc.terminate()
+                raise HSLiteError(
+                    f"measuring {world_size} {backend} ranks took longer than {timeout_seconds:.0f} s; raise "
+                    "timeout_seconds, or price the plan from a topology profile (preflight.topology=...)."
+                )
+        measured = json.loads(out.read_text())
+    points, overlap = [(int(s), float(t)) for s, t in measured["points"]], float(measured["overlap"])
+    alpha, bw = fit_link(points, world_size)
+    source = f"measured: {world_size} {backend} ranks × {threads_per_process} threads on {key['host']}"
+    link = LinkModel(alpha, bw, overlap, source, points)
+    write_cache("links", key, link.to_dict())
+    return link
+
+
+def _rank_main(
+    rank: int,
+    world_size: int,
+    backend: str,
+    store_path: str,
+    sizes: tuple[int, ...],
+    repeats: int,
+    threads: int,
+    out: str,
+    timeout_seconds: float,
+) -> None:
+    # A FileStore rendezvous needs no port, so parallel measurements can never collide.
+    torch.set_num_threads(threads)
+    store = dist.FileStore(store_path, world_size)
+    timeout = timedelta(seconds=timeout_seconds)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+    device = torch.device(f"cuda:{rank}") if backend == "nccl" else torch.device("cpu")
+    if backend == "nccl":
+        torch.cuda.set_device(device)
+    try:
+        points = [(size, _timed_allreduce(torch.zeros(size // 4, device=device), repeats)) for size in sizes]
+        # Bandwidth is only resolved once transfer time dominates latency: grow the largest size until the biggest
+        # all-reduce takes twice the smallest. Every rank sees the same (MAX-reduced) times, so all agree to stop.
+        while points[-1][1] < 2 * points[0][1] and points[-1][0] < MAX_SIZE_BYTES[backend]:
+            size = points[-1][0] * 4
+            points.append((size, _timed_allreduce(torch.zeros(size // 4, device=device), repeats)))
+        overlap = _measured_overlap(device, repeats)
+        if rank == 0:
+            Path(out).write_text(json.dumps({"points": points, "overlap": overlap}))
+    finally:
+        dist.destroy_process_group()
+
+
+def _slowest_median(samples: list[float], device: torch.device) -> float:
+    value = torch.tensor([statistics.median(samples)], dtype=torch.float64, device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)  # a collective ends when its slowest rank does
+    return float(value.item())
+
+
+def _timed(fn: Any, repeats: int, device: torch.device, prepare: Any = lambda: None) -> float:
+    # `prepare` runs outside the timed region (e.g. the forward before a timed backward).
+    samples = []
+    for i in range(WARMUP_REPEATS + repeats):
+        state = prepare()
+        dist.barrier()
+        start = time.perf_counter()
+        fn(state)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if i >= WARMUP_REPEATS:
+            samples.append(time.perf_counter() - start)
+    return _slowest_median(samples, device)
+
+
+def _timed_allreduce(buffer: torch.Tensor, repeats: int) -> float:
+    return _timed(lambda _: dist.all_reduce(buffer), repeats, buffer.device)
+
+
+def _measured_overlap(device: torch.device, repeats: int) -> float:
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(512, 512) for _ in range(8)]).to(device)
+    batch = torch.randn(32, 512, device=device)
+    backward_seconds = _timed(lambda loss: loss.backward(), repeats, device, lambda: model(batch).sum())
+    allreduce_seconds = _timed_allreduce(
+        torch.zeros(sum(p.numel() for p in model.parameters()), device=device), repeats
+    )
+    works = _bucketed_allreduce_hooks(model, OVERLAP_BUCKET_CAP_BYTES)
+    bucketed_seconds = _timed(lambda loss: _backward_and_wait(loss, works), repeats, device, lambda: model(batch).sum())
+    hidden_seconds = backward_seconds + allreduce_seconds - bucketed_seconds
+    return min(1.0, max(0.0, hidden_seconds / backward_seconds))
+
+
+def _bucketed_allreduce_hooks(model: nn.Module, bucket_cap_bytes: int) -> list[Any]:
+    # DDP's reducer (Li et al., "PyTorch Distributed", VLDB 2020): parameters are bucketed in reverse order and a
+    # bucket's all-reduce starts asynchronously as soon as all its gradients exist. Emulated with gradient hooks
+    # because constructing DDP imports torch._dynamo (1-2.5 s per rank here), which alone would break the budget.
+    buckets: list[list[nn.Parameter]] = [[]]
+    for param in reversed(list(model.parameters())):
+        if buckets[-1] and sum(p.numel() * p.element_size() for p in buckets[-1]) >= bucket_cap_bytes:
+            buckets.append([])
+        buckets[-1].append(param)
+    works: list[Any] = []
+    ready: dict[int, int] = {}
+
+    def on_grad(bucket_index: int) -> Any:
+        def hook(_: nn.Parameter) -> None:
+            ready[bucket_index] = ready.get(bucket_index, 0) + 1
+            if ready[bucket_index] == len(buckets[bucket_index]):
+                ready[bucket_index] = 0
+                flat = torch.cat([p.grad.flatten() for p in buckets[bucket_index]])  # DDP copies into a bucket too
+                works.append(dist.all_reduce(flat, async_op=True))
+
+        return hook
+
+    for index, bucket in enumerate(buckets):
+        for param in bucket:
+            param.register_post_accumulate_grad_hook(on_grad(index))
+    return works
+
+
+def _backward_and_wait(loss: torch.Tensor, works: list[Any]) -> None:
+    loss.backward()
+    while works:
+        works.pop(0).wait()
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A machine profile: nodes × GPUs, intra- and inter-node links, device memory, and the source of each figure."""
+
+    name: str
+    nodes: int
+    gpus_per_node: int
+    intra_gbps: float | None  # GB/s all-reduce busbw inside a node; None when nodes hold one GPU
+    inter_gbps: float | None  # GB/s busbw across nodes; None for a single node
+    intra_latency_us: float | None
+    inter_latency_us: float | None
+    device_memory_gib: float
+    source: dict[str, str]  # one citation per figure
+    overlap: float = 0.0  # DDP overlap assumed for these links; 0 is the no-overlap bound
+
+    @property
+    def device_memory_bytes(self) -> int:
+        """Memory of one device."""
+        return int(self.device_memory_gib * 2**30)
+
+    @property
+    def bandwidth_ratio(self) -> float:
+        """R = B_intra / B_inter (DESIGN §3); infinite for a single node, 1 when nodes hold one GPU (flat network)."""
+        if self.inter_gbps is None:
+            return math.inf
+        return 1.0 if self.intra_gbps is None else self.intra_gbps / self.inter_gbps
+
+    def _link(self, gbps: float | None, latency_us: float | None, where: str) -> LinkModel:
+        if gbps is None or latency_us is None:
+            raise ConfigError(f"topology {self.name!r} has no {where} link; use a profile that lists {where}_gbps.")
+        return LinkModel(latency_us * 1e-6, gbps * 1e9, self.overlap, f"topology {self.name}: {where}-node")
+
+    def _check(self, plan: Plan) -> None:
+        if plan.devices > self.gpus_per_node or plan.num_nodes > self.nodes:
+            raise ConfigError(
+                f"plan {plan.describe()} needs {plan.devices} devices × {plan.num_nodes} nodes but topology "
+                f"{self.name!r} has {self.gpus_per_node} × {self.nodes}; lower devices/num_nodes or pick another."
+            )
+
+    def link_for(self, plan: Plan) -> LinkModel:
+        """The data-parallel all-reduce link: intra-node when the plan fits in one node, else inter-node."""
+        self._check(plan)
+        if plan.dp <= 1:
+            return LinkModel.no_cost()
+        if plan.num_nodes == 1:
+            return self._link(self.intra_gbps, self.intra_latency_us, "intra")
+        return self._link(self.inter_gbps, self.inter_latency_us, "inter")
+
+    def chag_link_for(self, plan: Plan) -> LinkModel:
+        """The channel-group link: intra-node while a group fits in a node (the mapping places it there)."""
+        self._check(plan)
+        if plan.chag <= 1:
+            return LinkModel.no_cost()
+        if plan.chag <= plan.devices and plan.devices % plan.chag == 0:
+            return self._link(self.intra_gbps, self.intra_latency_us, "intra")
+        return self._link(self.inter_gbps, self.inter_latency_us, "inter")
+
+    def mapping_notes(self, plan: Plan) -> list[str]:
+        """Warnings when per-layer communication crosses nodes although the inter-node link is much slower."""
+        crosses = (plan.chag_enabled and plan.chag > plan.devices) or (plan.fsdp and plan.num_nodes > 1)
+        if not crosses or self.bandwidth_ratio < PER_LAYER_CROSS_NODE_MAX_RATIO:
+            return []
+        return [
+            f"per-layer communication ({'channel groups' if plan.chag > plan.devices else 'FSDP'}) crosses nodes on "
+            f"a link {self.bandwidth_ratio:.1f}× slower than inside a node (threshold "
+            f"{PER_LAYER_CROSS_NODE_MAX_RATIO:g}): keep it inside a node and use data parallelism across nodes"
+        ]
+
+
+def _topology_files() -> dict[str, Any]:
+    folder = resources.files("hslite.preflight") / "topologies"
+    return {f.name.removesuffix(".yaml"): f for f in folder.iterdir() if f.name.endswith(".yaml")}
+
+
+def list_topologies() -> list[str]:
+    """Names of the bundled topology profiles."""
+    return sorted(_topology_files())
+
+
+def load_topology(name: str) -> Topology:
+    """Read one bundled profile (yaml.safe_load); an unknown name raises ConfigError listing the known ones."""
+    files = _topology_files()
+    if name not in files:
+        raise ConfigError(f"unknown topology {name!r}; known profiles: {', '.join(sorted(files))}.")
+    data = yaml.safe_load(files[name].read_text())
+    figures = ("intra_gbps", "inter_gbps", "intra_latency_us", "inter_latency_us", "device_memory_gib")
+    try:
+        topology = Topology(name=name, **data)
+    except TypeError as err:
+        raise ConfigError(f"topology file {name}.yaml is malformed ({err}); expected keys {figures}.") from err
+    uncited = [f for f in figures if getattr(topology, f) is not None and f not in topology.source]
+    if uncited:
+        raise ConfigError(f"topology {name}.yaml gives {', '.join(uncited)} without a source; cite each figure.")
+    return topology

@@ -1,0 +1,173 @@
+"""Cost model: the seeds' worked cases, P*, memory accounting, accumulation, compression, channel groups."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from hslite.parallel.plan import Plan
+from hslite.preflight import costmodel as cm
+from hslite.preflight.links import LinkModel
+from hslite.preflight.probe import ProbeResult
+
+GB = 1e9
+MB = 1e6
+GRAD_BYTES = 2_000_000 * 4  # 2M fp32 parameters: 8 MB, ~16 MB on the wire per all-reduce
+COMPUTE_SECONDS = 8e-3
+
+
+def make_probe(**overrides) -> ProbeResult:
+    """A hand-built probe: 8 ms of forward+backward at b=64 for a 2M-parameter fp32 model."""
+    fields = dict(
+        forward_seconds=COMPUTE_SECONDS / 3,
+        backward_seconds=2 * COMPUTE_SECONDS / 3,
+        optimizer_seconds=0.0,
+        data_seconds=0.0,
+        batch_size=64,
+        precision="32-true",
+        threads=1,
+        device="cuda:0",
+        param_count=2_000_000,
+        param_bytes=GRAD_BYTES,
+        grad_bytes=GRAD_BYTES,
+        optimizer_bytes=2 * GRAD_BYTES,
+        activation_bytes=64 * 1_000_000,
+        peak_bytes=4 * GRAD_BYTES + 64 * 1_000_000 + 5_000_000,  # 5 MB of workspace
+        compute_c0_seconds=0.0,
+        compute_c1_seconds_per_sample=COMPUTE_SECONDS / 64,
+    )
+    fields.update(overrides)
+    return ProbeResult(**fields)
+
+
+def gpu_plan(devices: int = 4, **changes) -> Plan:
+    return Plan(devices=devices, accelerator="gpu", batch_size=64).with_(**changes)
+
+
+@pytest.mark.parametrize(
+    ("link", "expected_r", "expected_speedup"),
+    [
+        (LinkModel(0.0, 1 * GB), 2.0, 1.33),  # ~10 GbE
+        (LinkModel(1e-4, 40 * GB), 0.0625, 3.77),  # 40 GB/s, 0.1 ms latency
+        (LinkModel(0.0, 600 * GB), 0.0033, 3.99),  # NVLink class
+    ],
+)
+def test_seed_worked_cases_under_their_simplification(link, expected_r, expected_speedup):
+    ar = cm.allreduce_seconds(GRAD_BYTES, 4, link, ring_factor_exact=False)
+    assert ar / COMPUTE_SECONDS == pytest.approx(expected_r, abs=0.005)
+    step = cm.ddp_step_seconds(COMPUTE_SECONDS / 3, 2 * COMPUTE_SECONDS / 3, 0.0, ar, overlap=0.0)
+    assert 4 * COMPUTE_SECONDS / step == pytest.approx(expected_speedup, abs=0.006)
+    # the same numbers through predict(), which reports r and S(N) directly
+    prediction = cm.predict(gpu_plan(), make_probe(), link, 80 * 2**30, ring_factor_exact=False)
+    assert prediction.r == pytest.approx(expected_r, abs=0.005)
+    assert prediction.speedup == pytest.approx(expected_speedup, abs=0.006)
+    assert prediction.speedup == pytest.approx(4 / (1 + prediction.r))
+
+
+def test_exact_ring_factor_charges_latency_per_step_and_fraction_of_bytes():
+    link = LinkModel(1e-4, 40 * GB)
+    assert cm.allreduce_seconds(GRAD_BYTES, 4, link) == pytest.approx(6 * 1e-4 + 1.5 * GRAD_BYTES / (40 * GB))
+    assert cm.allgather_seconds(GRAD_BYTES, 4, link) == pytest.approx(3 * 1e-4 + 0.75 * GRAD_BYTES / (40 * GB))
+    assert cm.reduce_scatter_seconds(GRAD_BYTES, 4, link) == cm.allgather_seconds(GRAD_BYTES, 4, link)
+    assert cm.allreduce_seconds(GRAD_BYTES, 1, link) == 0.0
+
+
+def test_critical_params_on_fast_link_and_none_when_dp_never_pays():
+    c1_per_param_sample = COMPUTE_SECONDS / (2_000_000 * 64)
+    fast = cm.critical_params(0.0, c1_per_param_sample, 64, LinkModel(1e-4, 40 * GB))
+    # at P*, compute equals alpha + 2·P·b_g/BW (r* = 1)
+    assert fast == pytest.approx(1e-4 / (c1_per_param_sample * 64 - 8 / (40 * GB)))
+    assert c1_per_param_sample * fast * 64 == pytest.approx(1e-4 + 2 * fast * 4 / (40 * GB))
+    assert cm.critical_params(0.0, c1_per_param_sample, 64, LinkModel(0.0, 1 * GB)) is None
+    assert cm.critical_params(1e-3, c1_per_param_sample, 64, LinkModel(1e-4, 40 * GB)) == 0.0  # any size pays
+
+
+def test_fit_compute_model_recovers_line_and_clips_noise():
+    assert cm.fit_compute_model([32, 64], [0.002 + 32e-4, 0.002 + 64e-4]) == pytest.approx((0.002, 1e-4))
+    assert cm.fit_compute_model([32, 64], [0.01, 0.009]) == pytest.approx((0.0095, 0.0))
+
+
+def test_memory_accounting_sums_terms_and_scales_activations_with_batch():
+    probe = make_probe()
+    pred = cm.predict(gpu_plan(1, batch_size=128), probe, LinkModel.no_cost(), 80 * 2**30)
+    terms = pred.memory_breakdown_bytes
+    assert terms == {
+        "params": GRAD_BYTES,
+        "grads": GRAD_BYTES,
+        "optimizer": 2 * GRAD_BYTES,
+        "activations": 2 * 64 * 1_000_000,
+        "workspace": 5_000_000,
+    }
+    assert pred.per_device_peak_bytes == sum(terms.values())
+    assert not cm.predict(gpu_plan(1), probe, LinkModel.no_cost(), 50_000_000).fits_memory
+    fsdp = cm.predict(gpu_plan(4, fsdp=True), probe, LinkModel(0, 40 * GB), 80 * 2**30).memory_breakdown_bytes
+    assert fsdp["params"] + fsdp["grads"] + fsdp["optimizer"] == 4 * GRAD_BYTES // 4
+
+
+def test_cpu_ranks_share_host_memory_and_cores():
+    probe = make_probe(device="cpu", threads=1)
+    plan = Plan(devices=4, accelerator="cpu", batch_size=64)
+    pred = cm.predict(plan, probe, LinkModel.no_cost(), 400_000_000, cpu_cores=2)
+    assert pred.memory_budget_bytes == 100_000_000
+    assert pred.oversubscription == 2.0
+    assert pred.compute_seconds == pytest.approx(2 * COMPUTE_SECONDS)
+    assert pred.speedup == pytest.approx(2.0)  # four ranks at half speed
+
+
+def test_accumulation_divides_communication_per_sample():
+    link = LinkModel(1e-4, 1 * GB)
+    probe = make_probe()
+    plain = cm.predict(gpu_plan(4), probe, link, 80 * 2**30)
+    accumulated = cm.predict(gpu_plan(4, accumulate=4), probe, link, 80 * 2**30)
+    assert accumulated.comm_seconds == pytest.approx(plain.comm_seconds)  # once per optimiser step
+    assert accumulated.compute_seconds == pytest.approx(4 * plain.compute_seconds)
+    assert accumulated.comm_seconds / 4 == pytest.approx(plain.comm_seconds / 4)
+    assert accumulated.ecd > plain.ecd
+    assert cm.ddp_step_seconds(1.0, 2.0, 0.5, 3.0, overlap=0.5, accumulate=4) == pytest.approx(4 * 3 + 0.5 + 2.0)
+
+
+def test_compressed_allreduce_prices_less_wire_plus_quantise_time():
+    assert cm.wire_bytes(GRAD_BYTES, "int8") == pytest.approx(GRAD_BYTES / 4 + 4 * math.ceil(GRAD_BYTES / (25 * 2**20)))
+    assert cm.wire_bytes(GRAD_BYTES, "bf16") == GRAD_BYTES / 2
+    link = LinkModel(0.0, 1 * GB)
+    probe = make_probe(compress_seconds_per_byte=1e-11)
+    comm = {
+        c: cm.predict(gpu_plan(4, compression=c), probe, link, 80 * 2**30).comm_seconds
+        for c in cm.WIRE_BYTES_PER_GRAD_BYTE
+    }
+    assert comm["int8"] < comm["bf16"] < comm["none"]
+    assert comm["int8"] == pytest.approx(1.5 * cm.wire_bytes(GRAD_BYTES, "int8") / GB + 1e-11 * GRAD_BYTES)
+    defaulted = cm.predict(gpu_plan(4, compression="int8"), make_probe(), link, 80 * 2**30)
+    assert any("default" in note for note in defaulted.notes)
+
+
+def test_fsdp_moves_three_param_volumes_per_step():
+    link = LinkModel(0.0, 40 * GB)
+    pred = cm.predict(gpu_plan(4, fsdp=True), make_probe(), link, 80 * 2**30)
+    assert pred.comm_seconds == pytest.approx(3 * 0.75 * GRAD_BYTES / (40 * GB))
+
+
+def test_channel_groups_split_tokenizer_and_add_token_traffic():
+    probe = make_probe(chag_fraction=0.5, tokenizer_activation_fraction=0.5, group_token_bytes_per_sample=10_000)
+    link = LinkModel(0.0, 40 * GB)
+    pred = cm.predict(gpu_plan(4, chag=4), probe, link, 80 * 2**30)
+    assert pred.compute_seconds == pytest.approx(COMPUTE_SECONDS * (0.5 + 0.5 / 4))
+    tokens = 64 * 10_000
+    assert pred.comm_seconds == pytest.approx(2 * 0.75 * tokens / (40 * GB))
+    assert pred.memory_breakdown_bytes["activations"] == pytest.approx(64e6 * (0.5 + 0.5 / 4))
+    rotated = cm.predict(gpu_plan(1, rotation_groups=2), replace(probe, band_groups=8), link, 80 * 2**30)
+    assert rotated.compute_seconds == pytest.approx(COMPUTE_SECONDS * (0.5 + 0.5 * 2 / 8))
+    unknown = cm.predict(gpu_plan(4, chag=2), make_probe(), link, 80 * 2**30)
+    assert any("not priced" in note for note in unknown.notes)
+
+
+def test_overlap_hides_comm_only_beyond_the_last_ddp_bucket():
+    big = make_probe(grad_bytes=100 * 2**20, param_bytes=100 * 2**20)
+    link = LinkModel(0.0, 1 * GB, overlap=1.0)
+    no_overlap = cm.predict(gpu_plan(4), big, LinkModel(0.0, 1 * GB), 80 * 2**30).comm_seconds
+    with_overlap = cm.predict(gpu_plan(4), big, link, 80 * 2**30).comm_seconds
+    assert with_overlap == pytest.approx(no_overlap - 0.75 * 2 * COMPUTE_SECONDS / 3)
+    small = cm.predict(gpu_plan(4), make_probe(), link, 80 * 2**30)  # 8 MB: one bucket, nothing hides
+    assert small.comm_seconds == pytest.approx(cm.allreduce_seconds(GRAD_BYTES, 4, link))

@@ -1,0 +1,100 @@
+"""Link models: the alpha/BW fit, topology profiles, and a real 2-process gloo measurement."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+
+from hslite.errors import ConfigError
+from hslite.parallel.plan import Plan
+from hslite.preflight.links import LinkModel, fit_link, list_topologies, load_topology, measure_links
+
+FIGURES = ("intra_gbps", "inter_gbps", "intra_latency_us", "inter_latency_us", "device_memory_gib")
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # platformdirs' user cache dir on Linux
+    return tmp_path
+
+
+@pytest.mark.parametrize("world_size", [2, 4, 8])
+def test_fit_recovers_known_alpha_and_bandwidth_exactly(world_size):
+    alpha, bw, n = 5e-5, 2.5e9, world_size
+    points = [(s, 2 * (n - 1) * alpha + 2 * (n - 1) / n * s / bw) for s in (4096, 65536, 1 << 20, 1 << 24)]
+    fitted_alpha, fitted_bw = fit_link(points, world_size)
+    assert fitted_alpha == pytest.approx(alpha, rel=1e-9)
+    assert fitted_bw == pytest.approx(bw, rel=1e-9)
+
+
+def test_fit_never_returns_negative_latency_or_bandwidth():
+    alpha, bw = fit_link([(1000, 0.0), (2000, 1e-3), (4000, 3e-3)], 2)  # intercept < 0
+    assert alpha == 0.0 and bw > 0
+    alpha, bw = fit_link([(1000, 2e-3), (1 << 20, 1e-3)], 4)  # flat: latency-bound, BW bounded from below
+    assert alpha > 0 and bw > 0
+    with pytest.raises(ConfigError, match="≥ 2 sizes"):
+        fit_link([(1000, 1e-3)], 2)
+
+
+def test_link_model_round_trips_through_json_dict():
+    link = LinkModel(1e-5, 3e9, 0.25, "test", [(4096, 1e-4)])
+    assert LinkModel.from_dict(link.to_dict()) == link
+    free = LinkModel.no_cost()
+    assert free.to_dict()["bandwidth_bytes_per_second"] is None
+    assert math.isinf(LinkModel.from_dict(free.to_dict()).bandwidth_bytes_per_second)
+
+
+def test_single_rank_needs_no_measurement():
+    link = measure_links(1)
+    assert link.alpha_seconds == 0.0 and math.isinf(link.bandwidth_bytes_per_second)
+
+
+def test_every_topology_loads_and_cites_a_source_for_each_figure():
+    names = list_topologies()
+    expected = {"pcie4_8", "nvlink_8", "10gbe", "100gbe", "200gbe", "ib_hdr", "nvlink_8_ib_hdr_2nodes"}
+    assert expected <= set(names)
+    for name in names:
+        topology = load_topology(name)
+        for figure in FIGURES:
+            if getattr(topology, figure) is not None:
+                assert len(topology.source[figure]) > 20, (name, figure)
+        assert topology.device_memory_bytes > 0
+
+
+def test_unknown_topology_lists_the_known_ones():
+    with pytest.raises(ConfigError, match="nvlink_8"):
+        load_topology("nvlink_9")
+
+
+def test_link_for_picks_intra_node_link_inside_a_node_and_inter_node_across():
+    topology = load_topology("nvlink_8_100gbe_2nodes")
+    inside = topology.link_for(Plan(devices=8, accelerator="gpu"))
+    across = topology.link_for(Plan(devices=8, num_nodes=2, accelerator="gpu"))
+    assert inside.bandwidth_bytes_per_second == 370e9
+    assert across.bandwidth_bytes_per_second == 11e9
+    assert topology.bandwidth_ratio == pytest.approx(370 / 11)
+    # channel groups stay inside a node while data parallelism crosses
+    chag_plan = Plan(devices=8, num_nodes=2, accelerator="gpu", chag=4)
+    assert topology.chag_link_for(chag_plan).bandwidth_bytes_per_second == 370e9
+    assert topology.mapping_notes(chag_plan) == []
+    assert "crosses nodes" in topology.mapping_notes(chag_plan.with_(chag=1, fsdp=True))[0]
+    assert load_topology("nvlink_8_ib_hdr_2nodes").mapping_notes(chag_plan.with_(chag=1, fsdp=True)) == []  # R ≈ 2
+    with pytest.raises(ConfigError, match="has 8 × 2"):
+        topology.link_for(Plan(devices=16, accelerator="gpu"))
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(60)
+def test_real_two_process_gloo_measurement_is_positive_fast_and_cached(cache_dir):
+    start = time.monotonic()
+    link = measure_links(2, backend="gloo", threads_per_process=1, repeats=3, timeout_seconds=45)
+    elapsed = time.monotonic() - start
+    assert elapsed < 15, f"2-process measurement took {elapsed:.1f} s"
+    assert link.alpha_seconds >= 0 and link.bandwidth_bytes_per_second > 0
+    assert link.alpha_seconds > 0 or link.bandwidth_bytes_per_second < math.inf
+    assert 0.0 <= link.overlap <= 1.0 and len(link.points) >= 4
+    start = time.monotonic()
+    assert measure_links(2, backend="gloo", threads_per_process=1, repeats=3) == link
+    assert time.monotonic() - start < 1.0

@@ -1,0 +1,149 @@
+"""Verdict: an unprofitable CPU plan is NO-GO with reasons, one device is GO, a plan that does not fit is NO-GO."""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+from rich.console import Console
+from torch import nn
+
+from hslite.errors import ConfigError
+from hslite.parallel.plan import Plan
+from hslite.preflight.costmodel import predict
+from hslite.preflight.links import LinkModel, load_topology
+from hslite.preflight.probe import ProbeResult, probe_model, threads_per_process
+from hslite.preflight.verdict import candidate_plans, decide, run_preflight
+
+GIB = 2**30
+# What measure_links(4) returned for 4 gloo processes on this 2-core machine kind (alpha ~0.6 ms, ~1 GB/s).
+GLOO_4_ON_2_CORES = LinkModel(6e-4, 1e9, 0.0, "measured gloo, 4 processes on 2 cores")
+
+
+def small_model() -> nn.Module:
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8))
+
+
+def make_batch(b: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(b, 32), torch.randint(0, 8, (b,))
+
+
+def synthetic_probe(plan: Plan, **overrides) -> ProbeResult:
+    """A GPU-style probe: 10 ms of compute at b=64, 100 MB of fp32 parameters, 1 GB of activations."""
+    fields = dict(
+        forward_seconds=0.004, backward_seconds=0.006, optimizer_seconds=0.001, data_seconds=0.0,
+        batch_size=plan.batch_size, precision=plan.precision, threads=1, device="cuda:0", param_count=25_000_000,
+        param_bytes=100_000_000, grad_bytes=100_000_000, optimizer_bytes=200_000_000, activation_bytes=1_000_000_000,
+        peak_bytes=1_400_000_000, compute_c0_seconds=0.0, compute_c1_seconds_per_sample=0.01 / plan.batch_size,
+    )  # fmt: skip
+    fields.update(overrides)
+    return ProbeResult(**fields)
+
+
+def cpu_probe_for(plan: Plan) -> ProbeResult:
+    """Probes of a small MLP at b=32 with the threads each rank gets on 2 cores: a second thread barely helps."""
+    threads = threads_per_process(plan, cores=2)
+    compute_seconds = {1: 4.0e-4, 2: 3.2e-4}[threads]
+    return synthetic_probe(
+        plan, forward_seconds=compute_seconds / 3, backward_seconds=2 * compute_seconds / 3, optimizer_seconds=1e-4,
+        threads=threads, device="cpu", param_count=2_600, param_bytes=10_400, grad_bytes=10_400,
+        optimizer_bytes=20_800, activation_bytes=40_000, peak_bytes=81_600, compute_c0_seconds=compute_seconds / 4,
+        compute_c1_seconds_per_sample=compute_seconds * 3 / 4 / plan.batch_size,
+    )  # fmt: skip
+
+
+def test_four_cpu_processes_on_two_cores_for_a_small_model_is_no_go():
+    requested = Plan(devices=4, accelerator="cpu", batch_size=32)
+    verdict = run_preflight(requested, cpu_probe_for, lambda plan: GLOO_4_ON_2_CORES, 8 * GIB, cpu_cores=2)
+    assert not verdict.go and verdict.exit_code == 3
+    assert verdict.efficiency < 0.5
+    reason = verdict.reasons[0]
+    assert "4 gloo processes share 2 cores" in reason and "predicted efficiency" in reason and "< 0.5" in reason
+    assert "communication exposes" in reason
+    assert verdict.best_passing is not None and verdict.best_passing.world_size == 1
+    assert verdict.best_passing.global_batch == requested.global_batch  # 1 device + accumulation (or a bigger b)
+    assert any(r.startswith("better plan: 1×cpu") for r in verdict.reasons)
+
+
+@pytest.mark.timeout(120)
+def test_run_preflight_with_real_cpu_probes_reports_json_and_table():
+    def probe_for(plan: Plan) -> ProbeResult:  # each rank probed with the threads it would get
+        return probe_model(small_model, make_batch, batch_size=plan.batch_size, precision=plan.precision,
+                           threads=threads_per_process(plan, cores=2), warmup=1, steps=3)  # fmt: skip
+
+    requested = Plan(devices=4, accelerator="cpu", batch_size=32)
+    verdict = run_preflight(requested, probe_for, lambda plan: GLOO_4_ON_2_CORES, 8 * GIB, cpu_cores=2)
+    assert verdict.reasons and verdict.best_passing is not None  # GO or not depends on the load of the machine
+    report = json.loads(json.dumps(verdict.to_dict()))
+    assert report["requested"] == requested.describe() and report["rows"][0]["passes"]
+    console = Console(record=True, width=160, file=io.StringIO())
+    console.print(verdict.render_table())
+    assert "◀ requested" in console.export_text()
+
+
+def test_single_device_plan_is_go_when_it_fits():
+    requested = Plan(devices=1, accelerator="gpu", batch_size=64)
+    probe = synthetic_probe(requested)
+    prediction = predict(requested, probe, LinkModel.no_cost(), 80 * GIB)
+    verdict = decide(requested, {requested: prediction})
+    assert verdict.go and verdict.efficiency == pytest.approx(1.0)
+    assert "always GO" in verdict.reasons[0]
+    assert verdict.best_single == requested == verdict.best_passing
+
+
+def test_plan_that_does_not_fit_is_no_go_with_fsdp_alternative():
+    def probe_for(plan: Plan) -> ProbeResult:  # parameters + optimiser state dominate: 3.2 GB of the 3.4 GB
+        return synthetic_probe(plan, param_bytes=800_000_000, grad_bytes=800_000_000, optimizer_bytes=1_600_000_000,
+                               activation_bytes=100_000_000, peak_bytes=3_300_000_000)  # fmt: skip
+
+    requested = Plan(devices=8, accelerator="gpu", batch_size=64)
+    verdict = run_preflight(requested, probe_for, topology=load_topology("nvlink_8"), device_memory_bytes=2 * GIB)
+    assert not verdict.go
+    assert "per device but only 2.00 GiB" in verdict.reasons[0] and "FSDP" in verdict.reasons[0]
+    assert verdict.best_passing is not None and verdict.best_passing.fsdp
+    assert verdict.predictions[verdict.best_passing].fits_memory
+    assert any("no single-device plan fits" in r for r in verdict.reasons)
+
+
+def test_activation_bound_plan_is_no_go_with_accumulation_alternative():
+    requested = Plan(devices=2, accelerator="gpu", batch_size=64)
+    verdict = run_preflight(requested, synthetic_probe, lambda plan: LinkModel(1e-6, 300e9), 0.9 * GIB)
+    assert not verdict.go and "activations dominate" in verdict.reasons[0]
+    best = verdict.best_passing
+    assert best is not None and best.batch_size < 64 and best.accumulate > 1
+    assert best.global_batch == requested.global_batch
+
+
+def test_fast_link_multi_device_plan_is_go():
+    requested = Plan(devices=8, accelerator="gpu", batch_size=64)
+    verdict = run_preflight(requested, synthetic_probe, topology=load_topology("nvlink_8"))
+    assert verdict.go and verdict.efficiency >= 0.5 and "≥ 0.5" in verdict.reasons[0]
+
+
+def test_candidates_cover_single_amp_accumulation_dp_compression_fsdp_and_chag():
+    requested = Plan(devices=4, accelerator="gpu", batch_size=64)
+    plans = candidate_plans(requested, 4, chag_supported=True, include_fsdp=True)
+    assert requested in plans and len(plans) == len(set(plans))
+    assert all(p.global_batch == requested.global_batch for p in plans)
+    described = {p.describe() for p in plans}
+    assert {"1×gpu dp1 b64 acc4 32-true", "1×gpu dp1 b64 acc4 bf16-mixed", "1×gpu dp1 b256 acc1 32-true"} <= described
+    assert "2×gpu dp2 b64 acc2 32-true" in described
+    assert {
+        "4×gpu dp4 b64 acc1 32-true int8",
+        "4×gpu dp4 b64 acc1 32-true bf16",
+        "4×gpu dp4 b64 acc1 32-true fsdp",
+    } <= described
+    assert "4×gpu dp2 chag2 b64 acc2 32-true" in described
+    assert not any(p.fsdp for p in candidate_plans(requested, 4))
+
+
+def test_decide_needs_the_requested_prediction():
+    requested = Plan(devices=2, accelerator="gpu")
+    single = Plan(devices=1, accelerator="gpu")
+    with pytest.raises(ConfigError, match="no prediction for the requested plan"):
+        decide(requested, {single: predict(single, synthetic_probe(single), LinkModel.no_cost(), GIB)})
+    with pytest.raises(ConfigError, match="single-device"):
+        decide(requested, {requested: predict(requested, replace(synthetic_probe(requested)), LinkModel(0, 1e9), GIB)})
