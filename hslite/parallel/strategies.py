@@ -1,0 +1,106 @@
+"""Lightning DDP with hslite's compressed gradient all-reduce, registered on every device (CPU included).
+
+Build it directly (no registry name): `Trainer(strategy=CompressedDDPStrategy("int8", start_method="spawn"), ...)`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.distributed as dist
+from lightning.fabric.utilities.types import _PATH
+from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+
+from hslite.errors import ConfigError
+from hslite.parallel.compression import DEFAULT_CHUNK_ELEMS, CompressionState, check_kind, dispatch_hook
+
+CHECKPOINT_KEY = "hslite_compression"  # top-level checkpoint entry: {"world_size": N, "ranks": [state per rank]}
+
+
+class CompressedDDPStrategy(DDPStrategy):
+    """DDPStrategy whose gradient all-reduce is int8 (error feedback), bf16, fp16 or fp32, switchable at run time.
+
+    Lightning registers `ddp_comm_hook` only when the root device is CUDA and says nothing otherwise, so this class
+    registers its own hook. The override point is `configure_ddp`: in lightning 2.6.6 `DDPStrategy.setup` calls it
+    only when fitting, and it wraps the module in DistributedDataParallel (`_setup_model`) then calls
+    `_register_ddp_hooks`, the CUDA-only registration. Registering after `super().configure_ddp()` is the first moment
+    the wrapped model exists, before any backward; it uses public API only and runs on every device type.
+
+    DDP accepts `register_comm_hook` once per model, so the registered hook is `dispatch_hook`, which reads the kind
+    from the shared `CompressionState` at each call; `set_compression` changes that kind.
+
+    Checkpoints: every rank's state (kind, step, statistics, residuals by parameter name) is gathered into the
+    checkpoint under "hslite_compression" (residuals differ per rank, and only rank 0 writes the file, so the
+    checkpoint grows by world_size × the fp32 gradient size under int8); on resume each rank takes its own back.
+    """
+
+    def __init__(
+        self,
+        compression: str = "int8",
+        chunk_elems: int = DEFAULT_CHUNK_ELEMS,
+        bucket_cap_mb: float = 25.0,
+        **kwargs: Any,
+    ) -> None:
+        taken = [name for name in ("ddp_comm_hook", "ddp_comm_state", "ddp_comm_wrapper") if kwargs.get(name)]
+        if taken:
+            raise ConfigError(
+                f"CompressedDDPStrategy registers its own communication hook; drop {', '.join(taken)} and choose "
+                f"the compression with compression='int8'|'bf16'|'fp16'|'none'."
+            )
+        super().__init__(bucket_cap_mb=bucket_cap_mb, **kwargs)
+        self._compression = check_kind(compression)
+        self._chunk_elems = chunk_elems
+        self._bucket_cap_mb = bucket_cap_mb
+        self._compression_state: CompressionState | None = None
+
+    @property
+    def compression_state(self) -> CompressionState:
+        """Hook state of this rank, made on first use (a checkpoint may be restored before DDP wraps the model)."""
+        if self._compression_state is None:
+            self._compression_state = CompressionState(self._compression, self._chunk_elems)
+        return self._compression_state
+
+    @property
+    def bucket_cap_mb(self) -> float:
+        """DDP bucket cap in MiB: each bucket costs two collectives under int8, so the cost model needs it."""
+        return self._bucket_cap_mb
+
+    @property
+    def compression(self) -> str:
+        """The compression the next gradient all-reduce uses."""
+        return self.compression_state.kind
+
+    def set_compression(self, kind: str) -> None:
+        """Switch compression from the next backward on; call it on every rank at the same step."""
+        self.compression_state.set_kind(kind)
+
+    def configure_ddp(self) -> None:
+        """Wrap the model in DDP as Lightning does, then register the dispatching hook on any device."""
+        super().configure_ddp()
+        state = self.compression_state
+        state.bind(self.model.module)
+        self.model.register_comm_hook(state, dispatch_hook)
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Any | None = None) -> None:
+        """Add every rank's compression state to a full checkpoint; Lightning calls this on all ranks."""
+        if "optimizer_states" in checkpoint:  # weights-only checkpoints carry no training state
+            states = [None] * self.world_size
+            dist.all_gather_object(states, self.compression_state.state_dict())
+            checkpoint[CHECKPOINT_KEY] = {"world_size": self.world_size, "ranks": states}
+        super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
+
+    def load_checkpoint(self, checkpoint_path: _PATH, weights_only: bool | None = None) -> dict[str, Any]:
+        """Load a checkpoint and restore this rank's compression state from it when present."""
+        checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
+        saved = checkpoint.get(CHECKPOINT_KEY)
+        if saved is not None:
+            if saved["world_size"] == self.world_size:
+                self.compression_state.load_state_dict(saved["ranks"][self.global_rank])
+            else:
+                rank_zero_warn(
+                    f"checkpoint has compression residuals for {saved['world_size']} ranks, this run has "
+                    f"{self.world_size}; keeping the saved compression kind and starting residuals from zero."
+                )
+                self.compression_state.load_state_dict(saved["ranks"][0] | {"residuals": {}})
+        return checkpoint
