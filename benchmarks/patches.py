@@ -1,0 +1,133 @@
+"""Patch loading throughput: the vectorised PatchDataset against a per-sample Dataset, and against memory bandwidth.
+
+Run:  python benchmarks/patches.py  [--seconds 1.5] [--threads 1]
+
+Scene synthetic_indian_pines (145x145x200), patch 9, batch 256, every labelled pixel, shuffled, one thread for every
+variant. Rows:
+  vectorised         PatchDataset.__getitems__ through a DataLoader (collate_patches), contiguous (n, B, p, p) float32,
+                     a fresh output tensor per batch (what HSIDataModule hands to a model)
+  vectorised NHWC    same, PatchGatherer(channels_last=True): same shape, channels-last strides
+  gather, reused out PatchGatherer.gather into one preallocated buffer, no DataLoader (an upper bound)
+  per-sample         numpy slice + transpose per item, default collate (the common baseline)
+Copy bandwidth is a large tensor.copy_ (bytes read + written); the pipeline's bandwidth counts the bytes of each
+output batch once written and once read, as a copy of the same bytes would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from hslite.datasets.patches import PatchDataset, PatchGatherer, collate_patches
+from hslite.datasets.preprocess import BandNormalizer, pad_reflect
+from hslite.datasets.scenes import load_scene
+
+BATCH = 256
+PATCH = 9
+COPY_BYTES = 256 * 2**20  # far larger than any cache, so this is memory bandwidth
+
+
+class PerSampleDataset(Dataset):
+    """The usual baseline: slice one patch, move bands first, copy, per item."""
+
+    def __init__(self, padded: np.ndarray, coords: np.ndarray, labels: np.ndarray):
+        self.padded, self.coords, self.labels = padded, coords, labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int):
+        row, col = self.coords[i]
+        patch = self.padded[row : row + PATCH, col : col + PATCH].transpose(2, 0, 1)
+        return torch.from_numpy(np.ascontiguousarray(patch)), int(self.labels[i])
+
+
+def samples_per_second(loader: DataLoader, seconds: float) -> float:
+    """Iterate (whole epochs, reshuffled) for about `seconds`; return samples/s."""
+    samples, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        for x, _ in loader:
+            samples += x.shape[0]
+            if time.perf_counter() - start >= seconds:
+                break
+    return samples / (time.perf_counter() - start)
+
+
+def gather_only(gatherer: PatchGatherer, coords: torch.Tensor, seconds: float) -> float:
+    """Gather shuffled batches into one reused buffer for about `seconds`; return samples/s."""
+    out = torch.empty((BATCH, gatherer.num_bands, PATCH, PATCH))
+    samples, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        for batch in torch.randperm(len(coords)).split(BATCH):
+            if len(batch) == BATCH:
+                gatherer.gather(coords[batch], out=out)
+                samples += BATCH
+    return samples / (time.perf_counter() - start)
+
+
+def copy_gbps(seconds: float) -> float:
+    """Bandwidth of a large tensor.copy_, counting bytes read plus bytes written."""
+    source = torch.ones(COPY_BYTES // 4)
+    target = torch.empty_like(source)
+    target.copy_(source)
+    copies, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        target.copy_(source)
+        copies += 1
+    return 2 * COPY_BYTES * copies / (time.perf_counter() - start) / 1e9
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=1.5, help="time per measurement")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads, the same for every variant")
+    parser.add_argument("--repeats", type=int, default=3, help="best of this many interleaved rounds")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    scene = load_scene("synthetic_indian_pines", seed=0)
+    coords = np.argwhere(scene.gt > 0)
+    labels = scene.gt[scene.gt > 0] - 1
+    cube = BandNormalizer("zscore").fit(scene.cube[scene.gt > 0]).transform(scene.cube)
+    padded = pad_reflect(cube, PATCH)
+    bytes_per_sample = 4 * cube.shape[2] * PATCH * PATCH
+
+    def loader(dataset: Dataset, **kwargs) -> DataLoader:
+        return DataLoader(dataset, batch_size=BATCH, shuffle=True, **kwargs)
+
+    variants = {
+        "vectorised": lambda: samples_per_second(
+            loader(PatchDataset(PatchGatherer(padded, PATCH), coords, labels), collate_fn=collate_patches), args.seconds
+        ),
+        "vectorised NHWC": lambda: samples_per_second(
+            loader(PatchDataset(PatchGatherer(padded, PATCH, channels_last=True), coords, labels),
+                   collate_fn=collate_patches), args.seconds,
+        ),
+        "gather, reused out": lambda: gather_only(PatchGatherer(padded, PATCH), torch.from_numpy(coords), args.seconds),
+        "per-sample": lambda: samples_per_second(loader(PerSampleDataset(padded, coords, labels)), args.seconds),
+        "copy": lambda: copy_gbps(args.seconds),
+    }  # fmt: skip
+    best = dict.fromkeys(variants, 0.0)
+    for _ in range(args.repeats):  # interleaved, best of: other processes on a shared machine only ever slow us down
+        for name, run in variants.items():
+            best[name] = max(best[name], run())
+
+    copy = best.pop("copy")
+    baseline = best["per-sample"]
+    print(f"synthetic_indian_pines {cube.shape}, patch {PATCH}, batch {BATCH}, {len(coords)} samples, "
+          f"{args.threads} thread(s), best of {args.repeats} x {args.seconds:.1f} s")  # fmt: skip
+    print(f"{'variant':<20} {'samples/s':>12} {'vs per-sample':>14} {'GB/s (w+r)':>11} {'of copy':>8}")
+    for name, rate in best.items():
+        gbps = 2 * rate * bytes_per_sample / 1e9
+        print(f"{name:<20} {rate:>12,.0f} {rate / baseline:>13.1f}x {gbps:>11.2f} {gbps / copy:>8.0%}")
+    print(f"{'tensor.copy_ 256 MiB':<20} {'':>12} {'':>14} {copy:>11.2f} {1:>8.0%}")
+    print(f"speed-up vs per-sample loader: {best['vectorised'] / baseline:.1f}x")
+    print(f"fraction of copy bandwidth: {2 * best['vectorised'] * bytes_per_sample / 1e9 / copy:.0%}")
+
+
+if __name__ == "__main__":
+    main()
