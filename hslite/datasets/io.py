@@ -171,13 +171,11 @@ def _open_spectral(path: Path) -> Any:
     import spectral
     from spectral.utilities.errors import SpyException
 
-    if path.suffix.lower() in _SPECTRAL_SUFFIXES:
+    headers = [h for h in (path.with_suffix(".hdr"), Path(f"{path}.hdr")) if h.exists()]
+    if path.suffix.lower() in (*_SPECTRAL_SUFFIXES, ".hdr"):
         target, data_file = path, None
-    elif path.suffix.lower() == ".hdr":
-        target, data_file = path, None
-    elif path.with_suffix(".hdr").exists() or Path(f"{path}.hdr").exists():
-        target = path.with_suffix(".hdr") if path.with_suffix(".hdr").exists() else Path(f"{path}.hdr")
-        data_file = path
+    elif headers:
+        target, data_file = headers[0], path  # an ENVI data file named directly, its header beside it
     else:
         raise DataError(
             f"{path} has an unknown format (suffix {path.suffix!r}). hslite reads .mat, .tif/.tiff, .npy, ENVI "
@@ -263,8 +261,8 @@ def _cached_sha256(path: Path) -> str | None:
     return None
 
 
-def _hash_and_cache(path: Path) -> str:
-    digest = sha256_file(path)
+def _hash_and_cache(path: Path, digest: str | None = None) -> str:
+    digest = digest or sha256_file(path)
     stat = path.stat()
     record = {"sha256": digest, "size_bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
     try:
@@ -315,7 +313,7 @@ def _download(remote: RemoteFile, path: Path) -> None:
     finally:
         tmp.unlink(missing_ok=True)
     if remote.sha256 is not None:
-        _hash_and_cache(path)
+        _hash_and_cache(path, digest.hexdigest())
 
 
 # ----------------------------------------------------------------------------------------------------------- writers
