@@ -73,7 +73,7 @@ class HSIDataModule(lightning.LightningDataModule):
         self.pca_components = pca_components
         self.patch_size = patch_size
         self.split_kind = split
-        self.split_options = {
+        self.split_options: dict[str, Any] = {
             "train_fraction": train_fraction,
             "val_fraction": val_fraction,
             "train_per_class": train_per_class,

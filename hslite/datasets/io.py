@@ -282,6 +282,7 @@ def sha256_file(path: Path) -> str:
 
 
 def _download(remote: RemoteFile, path: Path) -> None:
+    assert remote.url is not None  # ensure_file only downloads files that have a URL
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{remote.name}.", suffix=".part")
     tmp = Path(tmp_name)

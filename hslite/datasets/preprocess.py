@@ -108,7 +108,9 @@ class BandNormalizer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what `state_dict` returned."""
-        self.__init__(state["method"])
+        if state["method"] not in NORMALISATIONS:
+            raise DataError(f"Unknown normalisation {state['method']!r} in the saved state.")
+        self.method = state["method"]
         self.offset = None if state["offset"] is None else np.asarray(state["offset"], dtype=np.float64)
         self.scale = None if state["scale"] is None else np.asarray(state["scale"], dtype=np.float64)
 
@@ -157,7 +159,7 @@ class PCAReducer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what `state_dict` returned."""
-        self.__init__(state["n_components"])
+        self.n_components = int(state["n_components"])
         self.mean = None if state["mean"] is None else np.asarray(state["mean"], dtype=np.float64)
         self.components = None if state["components"] is None else np.asarray(state["components"], dtype=np.float64)
 

@@ -272,7 +272,8 @@ class Scene:
 
     def _default_rgb_bands(self) -> tuple[int, int, int]:
         if self.wavelengths_nm is not None and self.wavelengths_nm.min() < 650 < self.wavelengths_nm.max():
-            return tuple(int(np.abs(self.wavelengths_nm - nm).argmin()) for nm in (860.0, 650.0, 550.0))
+            red, green, blue = (int(np.abs(self.wavelengths_nm - nm).argmin()) for nm in (860.0, 650.0, 550.0))
+            return red, green, blue
         b = self.num_bands
         return (3 * b // 4, b // 2, b // 4)
 
