@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from hslite.errors import ConfigError
+from hslite.errors import ConfigError, HSLiteError
 from hslite.parallel.plan import Plan
 from hslite.preflight.links import LinkModel, fit_link, list_topologies, load_topology, measure_links
 
@@ -98,3 +98,10 @@ def test_real_two_process_gloo_measurement_is_positive_fast_and_cached(cache_dir
     start = time.monotonic()
     assert measure_links(2, backend="gloo", threads_per_process=1, repeats=3) == link
     assert time.monotonic() - start < 1.0
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(60)
+def test_measurement_that_overruns_its_timeout_stops_its_ranks_and_says_what_to_do(cache_dir):
+    with pytest.raises(HSLiteError, match="topology profile"):
+        measure_links(2, timeout_seconds=0.5, fresh=True)

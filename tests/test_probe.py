@@ -89,13 +89,16 @@ def test_threads_are_set_for_the_probe_and_restored():
 def test_tokenizer_shares_token_size_and_compression_are_measured():
     result = probe_model(
         Tokenized, make_batch, batch_size=8, precision="32-true", threads=1, steps=1,
-        tokenizer_module="tokenizer", band_groups=4, measure_compression=True,
+        tokenizer_modules=("tokenizer",), band_groups=4, measure_compression=True,
     )  # fmt: skip
     assert 0 < result.chag_fraction < 1 and 0 < result.tokenizer_activation_fraction < 1
     assert result.group_token_bytes_per_sample == 4 * 8 * 4  # G × D fp32 elements
     assert result.band_groups == 4 and result.compress_seconds_per_byte > 0
-    with pytest.raises(ConfigError, match="not a submodule"):
-        probe_model(Tokenized, make_batch, batch_size=4, precision="32-true", steps=1, tokenizer_module="nope")
+    nested = probe_model(Tokenized, make_batch, batch_size=8, precision="32-true", threads=1, steps=1,
+                         tokenizer_modules=("tokenizer.0", "tokenizer"))  # fmt: skip
+    assert nested.group_token_bytes_per_sample == 4 * 8 * 4 and 0 < nested.chag_fraction < 1
+    with pytest.raises(ConfigError, match="are not submodules"):
+        probe_model(Tokenized, make_batch, batch_size=4, precision="32-true", steps=1, tokenizer_modules=("nope",))
 
 
 def test_bf16_autocast_probe_runs_and_bad_precision_is_refused():

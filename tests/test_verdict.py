@@ -147,3 +147,18 @@ def test_decide_needs_the_requested_prediction():
         decide(requested, {single: predict(single, synthetic_probe(single), LinkModel.no_cost(), GIB)})
     with pytest.raises(ConfigError, match="single-device"):
         decide(requested, {requested: predict(requested, replace(synthetic_probe(requested)), LinkModel(0, 1e9), GIB)})
+
+
+def test_two_nodes_on_a_slow_network_lose_to_one_nvlink_node():
+    requested = Plan(devices=8, num_nodes=2, accelerator="gpu", batch_size=64)
+    topology = load_topology("nvlink_8_100gbe_2nodes")
+    verdict = run_preflight(requested, synthetic_probe, topology=topology)
+    assert not verdict.go and "communication exposes" in verdict.reasons[0]
+    one_node = requested.with_(num_nodes=1, accumulate=2)  # same global batch on NVLink only
+    assert verdict.predictions[one_node].ecd / verdict.predictions[verdict.best_single].ecd >= 0.5
+    best = verdict.best_passing  # compressing the gradients is what makes the slow network pay
+    assert best is not None and (best.num_nodes == 1 or best.compression in ("int8", "bf16"))
+    fsdp = [
+        p for p in candidate_plans(requested, 8, include_fsdp=True, bandwidth_ratio=topology.bandwidth_ratio) if p.fsdp
+    ]
+    assert fsdp and all(p.num_nodes == 1 for p in fsdp)  # per-layer traffic is kept off the 34× slower link

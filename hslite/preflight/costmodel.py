@@ -25,9 +25,10 @@ if TYPE_CHECKING:
 DDP_BUCKET_CAP_BYTES = 25 * 2**20
 # One fp32 scale per quantised chunk; the int8 hook quantises per DDP bucket.
 INT8_CHUNK_BYTES = DDP_BUCKET_CAP_BYTES
-# Quantise + dequantise (with error feedback) cost when the probe did not measure it: measured on a 2-core AVX2 CPU
-# with torch 2.13 on an 8 MB fp32 buffer (`probe_model(..., measure_compression=True)`); GPUs are far faster.
-DEFAULT_COMPRESS_SECONDS_PER_BYTE = 1.0e-9
+# Quantise + dequantise (with error feedback) cost per fp32 gradient byte when the probe did not measure it.
+# cpu: measured 2.5-3.8e-9 with one thread on an 8 MB buffer (2-core AVX2 CPU, torch 2.13, probe's
+# measure_compression). gpu: estimate, ~8 passes over the buffer at ~2 TB/s of HBM; measure it when it matters.
+DEFAULT_COMPRESS_SECONDS_PER_BYTE = {"cpu": 3e-9, "gpu": 1e-11}
 WIRE_BYTES_PER_GRAD_BYTE = {"none": 1.0, "int8": 0.25, "bf16": 0.5, "fp16": 0.5}
 
 
@@ -164,7 +165,7 @@ def _tokenizer_factor(plan: Plan, probe: ProbeResult, fraction: float | None, ch
     return (1.0 - fraction) + fraction * active
 
 
-def _compute_seconds(plan: Plan, probe: ProbeResult, chag: int) -> tuple[float, float]:
+def _compute_seconds(plan: Plan, probe: ProbeResult, chag: int, shards: int) -> tuple[float, float]:
     """(per-step compute, last micro-step's backward) on one rank, before any sharing of CPU cores."""
     if plan.batch_size == probe.batch_size:
         fb_seconds = probe.forward_seconds + probe.backward_seconds
@@ -173,7 +174,7 @@ def _compute_seconds(plan: Plan, probe: ProbeResult, chag: int) -> tuple[float, 
     fb_seconds *= _tokenizer_factor(plan, probe, probe.chag_fraction, chag)
     backward_share = probe.backward_seconds / max(probe.forward_seconds + probe.backward_seconds, 1e-12)
     data_seconds = probe.data_seconds * plan.batch_size / probe.batch_size
-    optimizer_seconds = probe.optimizer_seconds / (plan.dp if plan.fsdp else 1)  # each rank steps its shard
+    optimizer_seconds = probe.optimizer_seconds / shards  # under FSDP each rank steps only its shard
     return plan.accumulate * (fb_seconds + data_seconds) + optimizer_seconds, fb_seconds * backward_share
 
 
@@ -197,15 +198,16 @@ def predict(
     notes: list[str] = []
     if probe.precision != plan.precision:
         notes.append(f"probe ran at {probe.precision}, plan uses {plan.precision}: compute not re-measured")
-    if plan.batch_size > 2 * probe.batch_size:  # the probe timed b and b/2; beyond 2b the line is extrapolated
+    if not probe.batch_size // 2 <= plan.batch_size <= probe.batch_size:  # the probe timed b/2 and b
         notes.append(f"batch {plan.batch_size} extrapolated from probes at {probe.batch_size // 2}-{probe.batch_size}")
     oversubscription, cores = 1.0, None
     if plan.accelerator == "cpu":
         cores = cpu_cores or len(os.sched_getaffinity(0))
         oversubscription = max(1.0, plan.devices * probe.threads / cores)
         if oversubscription > 1:
-            notes.append(f"{plan.devices} processes × {probe.threads} threads share {cores} cores")
-    compute_seconds, backward_seconds = (oversubscription * s for s in _compute_seconds(plan, probe, plan.chag))
+            notes.append(f"{plan.devices} processes with {probe.threads} thread(s) each share {cores} cores")
+    shards = plan.dp if plan.fsdp else 1
+    compute_seconds, backward_seconds = (oversubscription * s for s in _compute_seconds(plan, probe, plan.chag, shards))
 
     exposed_seconds = 0.0
     if plan.dp > 1 and plan.fsdp:  # all-gather params in forward and backward, reduce-scatter grads (§3)
@@ -225,8 +227,8 @@ def predict(
         if plan.compression == "int8":
             per_byte = probe.compress_seconds_per_byte
             if per_byte is None:
-                per_byte = DEFAULT_COMPRESS_SECONDS_PER_BYTE
-                notes.append(f"int8 quantise cost not measured: default {per_byte:.1e} s/byte assumed")
+                per_byte = DEFAULT_COMPRESS_SECONDS_PER_BYTE[plan.accelerator]
+                notes.append(f"int8 quantise cost not measured: {plan.accelerator} default {per_byte:.0e} s/byte used")
             exposed_seconds += per_byte * probe.grad_bytes
         elif plan.compression_enabled:
             notes.append(f"{plan.compression} cast cost not priced")
@@ -237,7 +239,7 @@ def predict(
 
     step_seconds = compute_seconds + exposed_seconds
     samples_per_second = plan.global_batch / step_seconds
-    alone_seconds = _compute_seconds(plan, probe, 1)[0]  # same per-device plan, one rank, nothing shared
+    alone_seconds = _compute_seconds(plan, probe, 1, 1)[0]  # same per-device plan, one rank, nothing shared
     speedup = samples_per_second / (plan.batch_size * plan.accumulate / alone_seconds)
     breakdown = memory_breakdown_bytes(plan, probe)
     peak_bytes = sum(breakdown.values())

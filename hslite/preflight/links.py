@@ -35,8 +35,9 @@ DEFAULT_SIZES_BYTES = {"gloo": (4 << 10, 64 << 10, 1 << 20, 4 << 20), "nccl": (6
 MAX_SIZE_BYTES = {"gloo": 64 << 20, "nccl": 1 << 30}  # adaptive growth stops here (see _rank_main)
 WARMUP_REPEATS = 2  # the first collectives of a fresh group pay connection set-up; never timed
 OVERLAP_BUCKET_CAP_BYTES = 2 << 20  # several buckets for the synthetic model (8 MiB of gradients) so overlap can show
-# Per-layer communication (channel groups, FSDP) may span nodes only while B_intra / B_inter stays below this
-# (DESIGN §3: "start at 4, calibrate").
+# R = B_intra / B_inter below which a flat layout is kept: per-layer collectives (channel groups, FSDP) may span
+# nodes, since splitting them into intra- and inter-node phases gains little. From here up they stay inside a node
+# and only data parallelism crosses (DESIGN §3: "start at 4, calibrate").
 PER_LAYER_CROSS_NODE_MAX_RATIO = 4.0
 
 
@@ -112,6 +113,11 @@ def measure_links(
         return LinkModel.no_cost()
     if backend not in DEFAULT_SIZES_BYTES:
         raise ConfigError(f"link backend must be 'gloo' or 'nccl', got {backend!r}.")
+    if backend == "nccl" and torch.cuda.device_count() < world_size:
+        raise ConfigError(
+            f"measuring {world_size} NCCL ranks needs {world_size} visible GPUs, found {torch.cuda.device_count()}; "
+            "price the plan from a topology profile (preflight.topology=...) instead."
+        )
     sizes = tuple(sizes_bytes or DEFAULT_SIZES_BYTES[backend])
     key = {"backend": backend, "world_size": world_size, "threads": threads_per_process, "host": socket.gethostname()}
     key["sizes_bytes"], key["repeats"] = list(sizes), repeats
@@ -124,15 +130,7 @@ def measure_links(
         ctx = mp.start_processes(
             _rank_main, args=(*args, timeout_seconds), nprocs=world_size, join=False, start_method="spawn"
         )
-        deadline = time.monotonic() + timeout_seconds
-        while not ctx.join(timeout=max(0.0, min(1.0, deadline - time.monotonic()))):
-            if time.monotonic() >= deadline:
-                for proc in ctx.processes:
-                    proc.terminate()
-                raise HSLiteError(
-                    f"measuring {world_size} {backend} ranks took longer than {timeout_seconds:.0f} s; raise "
-                    "timeout_seconds, or price the plan from a topology profile (preflight.topology=...)."
-                )
+        _join_within(ctx, timeout_seconds, f"measuring {world_size} {backend} ranks")
         measured = json.loads(out.read_text())
     points, overlap = [(int(s), float(t)) for s, t in measured["points"]], float(measured["overlap"])
     alpha, bw = fit_link(points, world_size)
@@ -140,6 +138,25 @@ def measure_links(
     link = LinkModel(alpha, bw, overlap, source, points)
     write_cache("links", key, link.to_dict())
     return link
+
+
+def _join_within(ctx: mp.ProcessContext, timeout_seconds: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_seconds
+    try:
+        while not ctx.join(timeout=max(0.0, min(1.0, deadline - time.monotonic()))):
+            if time.monotonic() >= deadline:
+                for proc in ctx.processes:  # only the ranks this call spawned
+                    proc.terminate()
+                raise HSLiteError(
+                    f"{what} took longer than {timeout_seconds:.0f} s; raise timeout_seconds, or price the plan "
+                    "from a topology profile (preflight.topology=...)."
+                )
+    except (
+        mp.ProcessRaisedException,
+        mp.ProcessExitedException,
+    ) as err:  # a rank failed; join() has already stopped the others
+        last_line = str(err).strip().splitlines()[-1]
+        raise HSLiteError(f"{what} failed on a rank ({last_line}); price the plan from a topology profile.") from err
 
 
 def _rank_main(

@@ -83,17 +83,18 @@ def probe_model(
     cache_key: str | None = None,
     fresh: bool = False,
     measure_compression: bool = False,
-    tokenizer_module: str | None = None,
+    tokenizer_modules: tuple[str, ...] = (),
     band_groups: int | None = None,
     loss_fn: Callable[[Tensor, Tensor], Tensor] = nn.functional.cross_entropy,
-    budget_seconds: float = 20.0,
+    budget_seconds: float = 10.0,  # timed steps stop here; a normal 3D-CNN probe needs ~3 s on 2 cores
 ) -> ProbeResult:
     """Measure one training step of `model_factory()` on one device; cached when `cache_key` is given.
 
     Times are medians of `steps` after `warmup`, at `batch_size` and at half of it (for c0/c1); the timed loop stops
-    early once `budget_seconds` is spent (AMP on an AVX2 CPU can take seconds per step). `tokenizer_module` names
-    the submodule (as in `named_modules()`) that channel groups would split: its forward-time and activation
-    shares and its output size per sample are measured. `fresh=True` re-measures even when a cache entry exists.
+    early once `budget_seconds` is spent (AMP on an AVX2 CPU can take seconds per step). `tokenizer_modules` name
+    the submodules (as in `named_modules()`) whose work channel groups split, e.g. ("tokenizer",
+    "partial_aggregation") for channel_vit: their share of forward time and of activation bytes is measured, and the
+    output of the last one, summed over its calls, is the group-token size per sample. `fresh=True` re-measures.
     """
     if precision not in PRECISIONS:
         raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}.")
@@ -110,7 +111,7 @@ def probe_model(
         "device": _device_label(dev),
         "threads": torch.get_num_threads(),
         "measure_compression": measure_compression,
-        "tokenizer_module": tokenizer_module,
+        "tokenizer_modules": list(tokenizer_modules),
         "band_groups": band_groups,
         "torch": torch.__version__,
     }
@@ -131,8 +132,8 @@ def probe_model(
         )
         if measure_compression:
             result.compress_seconds_per_byte = _int8_seconds_per_byte(result.param_count, dev)
-        if tokenizer_module is not None:
-            _measure_tokenizer(result, model_factory, make_batch, tokenizer_module, precision, dev, loss_fn)
+        if tokenizer_modules:
+            _measure_tokenizer(result, model_factory, make_batch, tuple(tokenizer_modules), precision, dev, loss_fn)
             result.band_groups = band_groups
     finally:
         torch.set_num_threads(previous_threads)
@@ -199,9 +200,9 @@ def _measure(
         marks.append(_mark(dev))
         return _intervals_seconds(marks, dev)
 
-    def median_step(b: int, stop_at: float) -> list[float]:
+    def median_step(b: int, stop_at: float, warmup_steps: int) -> list[float]:
         x, y = batch_on_device(b)
-        for _ in range(warmup):
+        for _ in range(warmup_steps):
             step(x, y)
         timed = [step(x, y)]
         while len(timed) < steps and time.monotonic() < stop_at:
@@ -212,24 +213,25 @@ def _measure(
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     now = time.monotonic()
-    forward_seconds, backward_seconds, optimizer_seconds = median_step(batch_size, now + 0.6 * (deadline - now))
+    forward_seconds, backward_seconds, optimizer_seconds = median_step(batch_size, now + 0.6 * (deadline - now), warmup)
     gpu_peak_bytes = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None
     half_batch = batch_size // 2 if batch_size > 1 else 2
-    half_forward, half_backward, _ = median_step(half_batch, deadline)
+    half_forward, half_backward, _ = median_step(half_batch, deadline, min(warmup, 1))  # kernels are warm by now
     c0, c1 = fit_compute_model(
         [batch_size, half_batch], [forward_seconds + backward_seconds, half_forward + half_backward]
     )
 
     params = list(model.parameters())
     param_bytes = sum(p.numel() * p.element_size() for p in params)
+    grad_bytes = sum(p.numel() * p.element_size() for p in params if p.requires_grad)  # grads take the params' dtype
     optimizer_bytes = _unique_bytes(
         t for state in optimizer.state.values() for t in state.values() if torch.is_tensor(t)
     )
     x, y = batch_on_device(batch_size)
     with _autocast(precision, dev), _SavedTensorCounter(model) as counter:
-        loss_fn(model(x), y)
+        loss_fn(model(x), y)  # the graph keeps every saved storage alive, so pointers cannot be reused meanwhile
     activation_bytes = counter.total_bytes
-    counted_bytes = 2 * param_bytes + optimizer_bytes + activation_bytes  # grads take the parameters' dtype
+    counted_bytes = param_bytes + grad_bytes + optimizer_bytes + activation_bytes
     return ProbeResult(
         forward_seconds=forward_seconds,
         backward_seconds=backward_seconds,
@@ -241,7 +243,7 @@ def _measure(
         device=_device_label(dev),
         param_count=sum(p.numel() for p in params),
         param_bytes=param_bytes,
-        grad_bytes=sum(p.numel() * p.element_size() for p in params if p.requires_grad),
+        grad_bytes=grad_bytes,
         optimizer_bytes=optimizer_bytes,
         activation_bytes=activation_bytes,
         peak_bytes=gpu_peak_bytes if gpu_peak_bytes is not None else counted_bytes,
@@ -263,7 +265,7 @@ def _unique_bytes(tensors: Iterator[Tensor]) -> int:
     return sum(storages.values())
 
 
-class _SavedTensorCounter:
+class _SavedTensorCounter(torch.autograd.graph.saved_tensors_hooks):
     """Bytes autograd saves for backward during a forward, one count per storage, parameters excluded.
 
     Storages are attributed to the tokenizer when first saved while its forward runs (`inside` is set by hooks).
@@ -272,21 +274,18 @@ class _SavedTensorCounter:
     def __init__(self, model: nn.Module) -> None:
         self._param_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
         self._seen: dict[int, tuple[int, bool]] = {}
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
         self.inside = False
+        super().__init__(self._pack, lambda tensor: tensor)
 
-    def _pack(self, tensor: Tensor) -> Tensor:
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in self._param_storages and storage.data_ptr() not in self._seen:
-            self._seen[storage.data_ptr()] = (storage.nbytes(), self.inside)
-        return tensor
-
-    def __enter__(self) -> _SavedTensorCounter:
-        self._hooks.__enter__()
+    def __enter__(self) -> _SavedTensorCounter:  # the base class returns None
+        super().__enter__()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self._hooks.__exit__(*exc)
+    def _pack(self, tensor: Tensor) -> Tensor:
+        pointer = tensor.untyped_storage().data_ptr()
+        if pointer not in self._param_storages and pointer not in self._seen:
+            self._seen[pointer] = (tensor.untyped_storage().nbytes(), self.inside)
+        return tensor
 
     @property
     def total_bytes(self) -> int:
@@ -301,7 +300,7 @@ def _measure_tokenizer(
     result: ProbeResult,
     model_factory: Callable[[], nn.Module],
     make_batch: Callable[[int], tuple[Tensor, Tensor]],
-    name: str,
+    names: tuple[str, ...],
     precision: str,
     dev: torch.device,
     loss_fn: Callable[..., Tensor],
@@ -309,44 +308,51 @@ def _measure_tokenizer(
     torch.manual_seed(0)
     model = model_factory().to(dev).train()
     modules = dict(model.named_modules())
-    if name not in modules:
-        raise ConfigError(f"tokenizer_module {name!r} is not a submodule; some names: {', '.join(list(modules)[1:8])}.")
+    missing = [name for name in names if name not in modules]
+    if missing:
+        raise ConfigError(
+            f"tokenizer_modules {missing} are not submodules; some names: {', '.join(list(modules)[1:9])}."
+        )
     x, y = (t.to(dev) for t in make_batch(result.batch_size))
-    counter = _SavedTensorCounter(model)
-    calls: list[list[Any]] = []  # [start, end] marks of each tokenizer call in one forward (it may run per group)
-    output_bytes = [0]
+    state: dict[str, Any] = {"depth": 0, "spans": [], "output_bytes": 0}  # spans: [start, end] of outermost calls
 
     def enter(*_: Any) -> None:
+        state["depth"] += 1
         counter.inside = True
-        calls.append([_mark(dev)])
+        if state["depth"] == 1:
+            state["spans"].append([_mark(dev)])
 
-    def leave(_: nn.Module, __: Any, output: Any) -> None:
-        counter.inside = False
-        calls[-1].append(_mark(dev))
-        outputs = output if isinstance(output, (tuple, list)) else [output]
-        output_bytes[0] += sum(t.numel() * t.element_size() for t in outputs if torch.is_tensor(t))
+    def leave(module: nn.Module, _: Any, output: Any) -> None:
+        state["depth"] -= 1
+        counter.inside = state["depth"] > 0
+        if state["depth"] == 0:
+            state["spans"][-1].append(_mark(dev))
+        if module is modules[names[-1]]:  # the last named module produces the group tokens
+            outputs = output if isinstance(output, (tuple, list)) else [output]
+            state["output_bytes"] += sum(t.numel() * t.element_size() for t in outputs if torch.is_tensor(t))
 
-    handles = [modules[name].register_forward_pre_hook(enter), modules[name].register_forward_hook(leave)]
+    handles = [
+        h for n in names for h in (modules[n].register_forward_pre_hook(enter), modules[n].register_forward_hook(leave))
+    ]
     shares = []
     try:
         for _ in range(3):  # median of three forwards; the counter of the last one gives the activation share
-            calls.clear()
-            output_bytes[0] = 0
+            state.update(spans=[], output_bytes=0)
             counter = _SavedTensorCounter(model)
             with _autocast(precision, dev), counter:
                 marks = [_mark(dev)]
                 loss_fn(model(x), y)
                 marks.append(_mark(dev))
-            tokenizer_seconds = sum(_intervals_seconds(call, dev)[0] for call in calls)
+            tokenizer_seconds = sum(_intervals_seconds(span, dev)[0] for span in state["spans"])
             shares.append(tokenizer_seconds / _intervals_seconds(marks, dev)[0])
     finally:
         for handle in handles:
             handle.remove()
-    if not calls:
-        raise ConfigError(f"tokenizer_module {name!r} never ran in the model's forward; name the module that does.")
+    if not state["spans"]:
+        raise ConfigError(f"tokenizer_modules {list(names)} never ran in the model's forward; name modules that do.")
     result.chag_fraction = statistics.median(shares)
     result.tokenizer_activation_fraction = counter.inside_bytes / max(counter.total_bytes, 1)
-    result.group_token_bytes_per_sample = output_bytes[0] // result.batch_size
+    result.group_token_bytes_per_sample = state["output_bytes"] // result.batch_size
 
 
 def _int8_seconds_per_byte(param_count: int, dev: torch.device) -> float:

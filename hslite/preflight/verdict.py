@@ -25,6 +25,7 @@ from hslite.preflight.probe import ProbeResult
 
 AMP_PRECISION = "bf16-mixed"  # the AMP a single device is also priced with; fp16 on CPU runs as bf16 anyway
 NO_GO_EXIT_CODE = 3  # DESIGN §3
+CLEARLY_FASTER = 1.1  # a GO verdict names a faster passing plan only from this throughput ratio up
 BATCH_SCALES = (4, 2, 1, 1 / 2, 1 / 4)  # per-device batch × scale, accumulation ÷ scale: same global batch
 
 
@@ -193,10 +194,12 @@ def decide(requested: Plan, predictions: dict[Plan, Prediction], min_efficiency:
         reasons.append("no single-device plan fits in memory: E is measured against an unconstrained single device")
     if best_passing is not None and best_passing != requested:
         better = predictions[best_passing]
-        reasons.append(
-            f"better plan: {best_passing.describe()} at {better.samples_per_second:.4g} samples/s "
-            f"(E = {efficiency[best_passing]:.2f}, {_gib(better.per_device_peak_bytes)} per device)"
-        )
+        # on GO, only name an alternative that is clearly faster, not one within the model's noise
+        if not go or better.samples_per_second >= CLEARLY_FASTER * predictions[requested].samples_per_second:
+            reasons.append(
+                f"better plan: {best_passing.describe()} at {better.samples_per_second:.4g} samples/s "
+                f"(E = {efficiency[best_passing]:.2f}, {_gib(better.per_device_peak_bytes)} per device)"
+            )
     elif best_passing is None:
         reasons.append("no candidate plan passes: lower the batch size or use a device with more memory")
     return Verdict(
