@@ -140,6 +140,17 @@ def test_error_feedback_keeps_the_sum_of_updates_within_one_step_of_error(ranks)
 
 
 @pytest.mark.distributed
+def test_an_overflow_reaches_every_rank_and_does_not_poison_the_residual(ranks):
+    for rank in ranks:
+        assert rank["non_finite"] == {
+            "first_chunk_finite": False,  # the whole chunk holding the inf is non-finite: AMP's scaler skips the step
+            "other_chunks_finite": True,
+            "residual_finite": True,
+            "residual_nonzero": True,  # only the poisoned chunk's residual is reset
+        }
+
+
+@pytest.mark.distributed
 def test_bytes_counted_on_the_collectives_match_wire_bytes(ranks):
     for rank in ranks:
         for row in rank["wire_bytes"]["rows"]:

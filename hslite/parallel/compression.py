@@ -86,12 +86,12 @@ class CompressionState:
         self.process_group = process_group  # None means the default (world) group
         self.error_feedback = error_feedback  # False only for ablations: quantisation error is then thrown away
         # Internal state.
-        self.step = 0  # optimiser steps seen (calls on a step's last bucket)
+        self.step = 0  # gradient syncs seen (calls on a step's last bucket; accumulation steps never call)
         self._buckets: dict[tuple[int, int], tuple[tuple[str | int, ...], list[int], Tensor]] = {}
         self._loose: dict[str | int, Tensor] = {}  # per-parameter residuals from a superseded layout or a checkpoint
         self._names: dict[int, str] = {}  # id(parameter) -> name, set by bind(); names make checkpoints portable
         # Statistics.
-        self.bytes_sent = 0  # counted from the tensors handed to collectives
+        self.bytes_sent = 0  # int8: counted from the tensors handed to collectives; others: ring formula
         self.bytes_received = 0
         self.calls = dict.fromkeys(KINDS, 0)  # hook calls per kind
         self.quantise_seconds = 0.0  # int8 quantise/dequantise/residual time, communication excluded
@@ -187,6 +187,12 @@ class CompressionState:
         self._buckets[bucket_key] = (keys, sizes, residual)
 
 
+def _count_call(state: CompressionState, kind: str, bucket: dist.GradBucket) -> None:
+    state.calls[kind] += 1
+    if bucket.is_last():
+        state.step += 1
+
+
 def _completed(tensor: Tensor) -> torch.futures.Future[Tensor]:
     future: torch.futures.Future[Tensor] = torch.futures.Future()
     future.set_result(tensor)
@@ -194,32 +200,34 @@ def _completed(tensor: Tensor) -> torch.futures.Future[Tensor]:
 
 
 def _quantise(x: Tensor) -> tuple[Tensor, Tensor]:
-    """Symmetric int8 per row: scale = max|x|/127, codes = round(x/scale) in [−127, 127]."""
-    scale = x.abs().amax(dim=-1) / 127.0
+    """Symmetric int8 per row: scale = max|x|/127 and codes = round(x/scale), returned as integral fp32 values."""
+    # One temporary serves |x| and then the codes: fresh multi-MB CPU tensors cost a page fault per 4 kB page.
+    codes = x.abs()
+    scale = codes.amax(dim=-1).div_(127.0)
     # |x|/scale ≤ 127 by construction, so rounding cannot leave the int8 range and no clamp is needed. A NaN or inf
     # makes its chunk's scale non-finite, which dequantises the whole chunk to NaN: AMP's scaler still sees it.
-    codes = torch.round(x / scale.clamp_min(_TINY).unsqueeze(-1)).to(torch.int8)
+    torch.div(x, scale.clamp_min(_TINY).unsqueeze(-1), out=codes).round_()
     return codes, scale
 
 
-def _dequantise(codes: Tensor, scale: Tensor) -> Tensor:
-    return codes.to(torch.float32) * scale.unsqueeze(-1)
-
-
 def _pack(codes: Tensor, scales: Tensor) -> Tensor:
-    # One message carries the int8 codes and their fp32 scales as raw bytes, so a bucket costs two collectives
-    # (all-to-all, all-gather) instead of four and pays the link latency twice.
-    return torch.cat([codes, scales.contiguous().view(torch.int8)], dim=-1)
+    """Messages of int8 codes followed by their fp32 scales as raw bytes, one row per destination rank."""
+    # Codes and scales share one message, so a bucket costs two collectives (all-to-all, all-gather), not four.
+    rows, shard = codes.shape
+    message = torch.empty(rows, shard + _SCALE_BYTES * scales.shape[1], dtype=torch.int8, device=codes.device)
+    message[:, :shard].copy_(codes)
+    message[:, shard:].copy_(scales.contiguous().view(torch.int8))
+    return message
 
 
-def _unpack(message: Tensor, shard: int) -> tuple[Tensor, Tensor]:
-    return message[..., :shard], message[..., shard:].contiguous().view(torch.float32)
+def _scales(message: Tensor, shard: int) -> Tensor:
+    return message[:, shard:].contiguous().view(torch.float32)
 
 
 def int8_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.futures.Future[Tensor]:
     """Average a gradient bucket across ranks in int8 with per-chunk scales and error feedback.
 
-    Algorithm, on each of N ranks, for a bucket g (fp32 view of the gradients) and this rank's residual e:
+    Algorithm, on each of N ranks, for a bucket g (in fp32 whatever the gradient dtype) and this rank's residual e:
       1. x = g + e, zero-padded to N shards of whole chunks (`shard_layout`).
       2. Quantise x per chunk: scale = max|x|/127, codes = round(x/scale) in int8.
       3. Reduce-scatter as an all-to-all: rank j receives every rank's codes and scales of shard j (gloo has no
@@ -242,7 +250,7 @@ def int8_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.futures
     the gradients per rank. Beyond ~16 ranks the owner's N-times-amplified residual starts to inflate the next step's
     scales; keep that error in averaged space then.
     """
-    state.calls["int8"] += 1
+    _count_call(state, "int8", bucket)
     buffer = bucket.buffer()
     group = state.process_group
     world, rank = dist.get_world_size(group), dist.get_rank(group)
@@ -257,32 +265,42 @@ def int8_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.futures
     residual = state._take_residual(bucket) if state.error_feedback else None
     if residual is not None:
         x[:numel] += residual
-    codes, scales = _quantise(x.view(world * chunks, chunk))
+    x_chunks = x.view(world * chunks, chunk)
+    codes, scales = _quantise(x_chunks)
     send = _pack(codes.view(world, shard), scales.view(world, chunks))
+    if state.error_feedback:  # x becomes the residual in place, x − codes·scale: no copy, one pass
+        x_chunks.addcmul_(codes, scales.unsqueeze(-1), value=-1)
+    del codes
     received = torch.empty_like(send)
     state.quantise_seconds += time.perf_counter() - started
     dist.all_to_all_single(received, send, group=group)
 
     started = time.perf_counter()
-    their_codes, their_scales = _unpack(received, shard)
-    mean = _dequantise(their_codes.reshape(world, chunks, chunk), their_scales).sum(dim=0) / world
+    their_scales = _scales(received, shard)
+    mean = torch.zeros(chunks, chunk, dtype=torch.float32, device=buffer.device)
+    for sender in range(world):  # one shard-sized temporary at a time, not an N-shard dequantised copy
+        mean.addcmul_(received[sender, :shard].view(chunks, chunk), their_scales[sender].unsqueeze(-1))
+    mean.div_(world)  # before re-quantising, so the second scale fits the average
     mean_codes, mean_scales = _quantise(mean)
-    row = _pack(mean_codes.reshape(1, shard), mean_scales.view(1, chunks)).view(-1)
-    gathered = torch.empty(world * row.numel(), dtype=torch.int8, device=buffer.device)
+    row = _pack(mean_codes.view(1, shard), mean_scales.view(1, chunks)).view(-1)
     if state.error_feedback:
-        error = x.view(world * chunks, chunk) - _dequantise(codes, scales)
-        error.view(world, shard)[rank] += world * (mean - _dequantise(mean_codes, mean_scales)).view(-1)
+        second_error = mean.addcmul_(mean_codes, mean_scales.unsqueeze(-1), value=-1).view(-1)
+        x.view(world, shard)[rank].add_(second_error, alpha=world)
         # A chunk that held a NaN/inf (an AMP overflow step, skipped by the scaler) must not poison later steps.
-        torch.nan_to_num_(error, nan=0.0, posinf=0.0, neginf=0.0)
-        state._keep_residual(bucket, error.view(-1)[:numel])
+        torch.nan_to_num_(x, nan=0.0, posinf=0.0, neginf=0.0)
+        state._keep_residual(bucket, x[:numel])
+    gathered = torch.empty(world, row.numel(), dtype=torch.int8, device=buffer.device)
     state.quantise_seconds += time.perf_counter() - started
     # torch ≥ 2.10 renamed all_gather_into_tensor; pyproject allows torch ≥ 2.3.
     all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    all_gather(gathered, row, group=group)
+    all_gather(gathered.view(-1), row, group=group)
 
     started = time.perf_counter()
-    all_codes, all_scales = _unpack(gathered.view(world, -1), shard)
-    buffer.copy_(_dequantise(all_codes.reshape(world * chunks, chunk), all_scales.reshape(-1)).view(-1)[:numel])
+    all_scales = _scales(gathered, shard)
+    for owner in range(-(-numel // shard)):  # owners whose shard holds real (unpadded) elements
+        start, stop = owner * shard, min(numel, (owner + 1) * shard)
+        values = torch.mul(gathered[owner, :shard].view(chunks, chunk), all_scales[owner].unsqueeze(-1))
+        buffer[start:stop].copy_(values.view(-1)[: stop - start])
     state.quantise_seconds += time.perf_counter() - started
     message_bytes = (world - 1) * (send.shape[1] * send.element_size() + row.numel() * row.element_size())
     state.bytes_sent += message_bytes
@@ -291,7 +309,7 @@ def int8_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.futures
 
 
 def _torch_hook(kind: str, torch_hook: Callable, state: CompressionState, bucket: dist.GradBucket):
-    state.calls[kind] += 1
+    _count_call(state, kind, bucket)
     residual = state._take_residual(bucket)
     if residual is not None:  # int8 residuals left after a switch away from int8 are sent once, not dropped
         bucket.buffer().add_(residual.to(bucket.buffer().dtype))
@@ -326,6 +344,4 @@ def make_hook(kind: str) -> Hook:
 
 def dispatch_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.futures.Future[Tensor]:
     """The hook to register: runs the hook of `state.kind`, so `state.set_kind` switches compression mid-training."""
-    if bucket.is_last():
-        state.step += 1
     return _HOOKS[state.kind](state, bucket)

@@ -87,6 +87,22 @@ def check_error_feedback(rank: int, world: int, steps: int = 40) -> dict:
     return trajectories
 
 
+def check_non_finite(rank: int, world: int) -> dict:
+    """An inf on rank 0 (an AMP overflow step) must reach every rank as non-finite and leave finite residuals."""
+    numel = 4 * world * CHUNK
+    state, params = CompressionState(chunk_elems=CHUNK), [torch.empty(numel)]
+    grads = torch.randn(world, numel, generator=torch.Generator().manual_seed(2))
+    grads[0, 5] = float("inf")
+    out = hooked_mean(state, grads, rank, params)
+    residual = state.residuals()[id(params[0])]
+    return {
+        "first_chunk_finite": torch.isfinite(out[:CHUNK]).any().item(),
+        "other_chunks_finite": torch.isfinite(out[CHUNK:]).all().item(),
+        "residual_finite": torch.isfinite(residual).all().item(),
+        "residual_nonzero": (residual[CHUNK:] != 0).any().item(),
+    }
+
+
 def check_wire_bytes(rank: int, world: int) -> dict:
     """Count bytes from the tensors handed to the collectives, by wrapping them."""
     counted = {"bytes": 0}
@@ -183,6 +199,7 @@ def run(rank: int, world: int) -> dict:
     return {
         "one_step": check_one_step(rank, world),
         "error_feedback": check_error_feedback(rank, world),
+        "non_finite": check_non_finite(rank, world),
         "wire_bytes": check_wire_bytes(rank, world),
         "ddp": check_ddp(rank, world),
     }
