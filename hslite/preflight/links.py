@@ -78,14 +78,18 @@ class LinkModel:
 
 
 def fit_link(points: list[tuple[int, float]], world_size: int) -> tuple[float, float]:
-    """Least-squares alpha and BW from (bytes, seconds) on T = 2(N−1)·alpha + 2(N−1)/N·S/BW (DESIGN §3, ring)."""
+    """Alpha and BW from (bytes, seconds) by least squares on T = 2(N−1)·alpha + 2(N−1)/N·S/BW (DESIGN §3, ring)."""
     if world_size < 2 or len(points) < 2:
         raise ConfigError(f"fitting a link needs ≥ 2 ranks and ≥ 2 sizes, got {world_size} ranks, {len(points)} sizes.")
     sizes = np.array([s for s, _ in points], dtype=float)
     seconds = np.array([t for _, t in points], dtype=float)
-    intercept, slope = np.linalg.lstsq(np.stack([np.ones_like(sizes), sizes], 1), seconds, rcond=None)[0]
-    if intercept < 0:  # noise on a latency too small to resolve: force the line through the origin
-        intercept, slope = 0.0, float(sizes @ seconds / (sizes @ sizes))
+    # Relative residuals (rows scaled by 1/T): the small, latency-bound sizes then weigh as much as the large ones.
+    weights = 1.0 / np.maximum(seconds, 1e-9)
+    design = np.stack([np.ones_like(sizes), sizes], 1) * weights[:, None]
+    intercept, slope = np.linalg.lstsq(design, seconds * weights, rcond=None)[0]
+    if intercept < 0:  # latency below the noise: bound it by the smallest all-reduce's time (conservative)
+        intercept = float(seconds[sizes.argmin()])
+        slope = float(np.sum(weights**2 * (seconds - intercept) * sizes) / np.sum(weights**2 * sizes**2))
     if slope <= 0:  # no size resolved bandwidth: latency from the mean, BW bounded as if the largest were all transfer
         intercept, slope = float(seconds.mean()), float(seconds[sizes.argmax()] / sizes.max())
     n = world_size
@@ -248,7 +252,9 @@ def _bucketed_allreduce_hooks(model: nn.Module, bucket_cap_bytes: int) -> list[A
             ready[bucket_index] = ready.get(bucket_index, 0) + 1
             if ready[bucket_index] == len(buckets[bucket_index]):
                 ready[bucket_index] = 0
-                flat = torch.cat([p.grad.flatten() for p in buckets[bucket_index]])  # DDP copies into a bucket too
+                flat = torch.cat(
+                    [p.grad.flatten() for p in buckets[bucket_index] if p.grad is not None]
+                )  # DDP copies into a bucket too
                 works.append(dist.all_reduce(flat, async_op=True))
 
         return hook

@@ -228,7 +228,8 @@ def _measure(
         t for state in optimizer.state.values() for t in state.values() if torch.is_tensor(t)
     )
     x, y = batch_on_device(batch_size)
-    with _autocast(precision, dev), _SavedTensorCounter(model) as counter:
+    counter = _SavedTensorCounter(model)
+    with _autocast(precision, dev), counter:
         loss_fn(model(x), y)  # the graph keeps every saved storage alive, so pointers cannot be reused meanwhile
     activation_bytes = counter.total_bytes
     counted_bytes = param_bytes + grad_bytes + optimizer_bytes + activation_bytes
@@ -276,10 +277,6 @@ class _SavedTensorCounter(torch.autograd.graph.saved_tensors_hooks):
         self._seen: dict[int, tuple[int, bool]] = {}
         self.inside = False
         super().__init__(self._pack, lambda tensor: tensor)
-
-    def __enter__(self) -> _SavedTensorCounter:  # the base class returns None
-        super().__enter__()
-        return self
 
     def _pack(self, tensor: Tensor) -> Tensor:
         pointer = tensor.untyped_storage().data_ptr()

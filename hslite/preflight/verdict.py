@@ -169,7 +169,7 @@ def decide(requested: Plan, predictions: dict[Plan, Prediction], min_efficiency:
     passing = [p for p, pred in predictions.items() if _passes(p, pred, efficiency[p], min_efficiency)]
     best_passing = max(passing, key=lambda p: (predictions[p].samples_per_second, -p.world_size), default=None)
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     for plan, pred in predictions.items():
         rows.append(
             {
