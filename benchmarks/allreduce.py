@@ -7,7 +7,7 @@ Each world size forks its ranks (one thread each) once; every (size, kind) is ru
 `repeats` times behind a barrier; a time is the slowest rank's median. Bytes per rank: fp32 and bf16 are ring
 all-reduce bytes (2·(N−1)/N·S), int8 is counted by the hook from the tensors it hands to its collectives. The
 "pred" columns are the pre-flight's `allreduce_seconds` on its measured link (`measure_links`, cached) for the
-bytes `costmodel.wire_bytes` puts on the wire, plus its default quantise cost for int8, as `predict` composes them.
+bytes `costmodel.wire_bytes` puts on the wire, plus its default CPU quantise cost for int8, as `predict` composes them.
 """
 
 import argparse
@@ -112,7 +112,7 @@ def predictor(world: int):
         compression = {"fp32": "none", "int8": "int8", "bf16": "bf16"}[kind]
         seconds = costmodel.allreduce_seconds(costmodel.wire_bytes(size_bytes, compression), world, link)
         if kind == "int8":
-            seconds += costmodel.DEFAULT_COMPRESS_SECONDS_PER_BYTE * size_bytes
+            seconds += costmodel.DEFAULT_COMPRESS_SECONDS_PER_BYTE["cpu"] * size_bytes
         return seconds
 
     return predict, f"alpha {link.alpha_seconds * 1e6:.0f} µs, BW {link.bandwidth_bytes_per_second / 1e9:.2f} GB/s"

@@ -260,11 +260,13 @@ def int8_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.futures
     started = time.perf_counter()
     numel = buffer.numel()
     shard, chunk, chunks = shard_layout(numel, world, state.chunk_elems)
-    x = torch.zeros(world * shard, dtype=torch.float32, device=buffer.device)
-    x[:numel] = buffer
+    x = torch.empty(world * shard, dtype=torch.float32, device=buffer.device)
+    x[numel:].zero_()
     residual = state._take_residual(bucket) if state.error_feedback else None
-    if residual is not None:
-        x[:numel] += residual
+    if residual is None:
+        x[:numel].copy_(buffer)
+    else:  # written straight into x: one pass instead of a copy and an add
+        torch.add(buffer, residual, out=x[:numel])
     x_chunks = x.view(world * chunks, chunk)
     codes, scales = _quantise(x_chunks)
     send = _pack(codes.view(world, shard), scales.view(world, chunks))
@@ -299,8 +301,11 @@ def int8_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.futures
     all_scales = _scales(gathered, shard)
     for owner in range(-(-numel // shard)):  # owners whose shard holds real (unpadded) elements
         start, stop = owner * shard, min(numel, (owner + 1) * shard)
-        values = torch.mul(gathered[owner, :shard].view(chunks, chunk), all_scales[owner].unsqueeze(-1))
-        buffer[start:stop].copy_(values.view(-1)[: stop - start])
+        codes, scale = gathered[owner, :shard].view(chunks, chunk), all_scales[owner].unsqueeze(-1)
+        if stop - start == shard:  # dequantise straight into the bucket
+            torch.mul(codes, scale, out=buffer[start:stop].view(chunks, chunk))
+        else:  # the last shard runs into the padding
+            buffer[start:stop].copy_(torch.mul(codes, scale).view(-1)[: stop - start])
     state.quantise_seconds += time.perf_counter() - started
     message_bytes = (world - 1) * (send.shape[1] * send.element_size() + row.numel() * row.element_size())
     state.bytes_sent += message_bytes
