@@ -77,6 +77,8 @@ def test_run_preflight_with_real_cpu_probes_reports_json_and_table():
     requested = Plan(devices=4, accelerator="cpu", batch_size=32)
     verdict = run_preflight(requested, probe_for, lambda plan: GLOO_4_ON_2_CORES, 8 * GIB, cpu_cores=2)
     assert verdict.reasons and verdict.best_passing is not None  # GO or not depends on the load of the machine
+    if verdict.efficiency > 1.2:  # a disturbed single-device probe is called out rather than trusted
+        assert any("implausible" in reason for reason in verdict.reasons)
     report = json.loads(json.dumps(verdict.to_dict()))
     assert report["requested"] == requested.describe() and report["rows"][0]["passes"]
     console = Console(record=True, width=160, file=io.StringIO())
@@ -162,3 +164,16 @@ def test_two_nodes_on_a_slow_network_lose_to_one_nvlink_node():
         p for p in candidate_plans(requested, 8, include_fsdp=True, bandwidth_ratio=topology.bandwidth_ratio) if p.fsdp
     ]
     assert fsdp and all(p.num_nodes == 1 for p in fsdp)  # per-layer traffic is kept off the 34× slower link
+
+
+def test_superlinear_cpu_efficiency_is_called_out_as_a_disturbed_probe():
+    def disturbed_probe_for(plan: Plan) -> ProbeResult:  # the 2-thread probe ran while something else used the cores
+        probe = cpu_probe_for(plan)
+        if probe.threads == 1:
+            return probe
+        times = ("forward_seconds", "backward_seconds", "compute_c0_seconds", "compute_c1_seconds_per_sample")
+        return replace(probe, **{name: 30 * getattr(probe, name) for name in times})
+
+    requested = Plan(devices=2, accelerator="cpu", batch_size=32)
+    verdict = run_preflight(requested, disturbed_probe_for, lambda plan: LinkModel(1e-6, 1e10), 8 * GIB, cpu_cores=2)
+    assert verdict.efficiency > 1.2 and any("implausible" in reason for reason in verdict.reasons)

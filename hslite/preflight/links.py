@@ -112,6 +112,10 @@ def measure_links(
     asynchronous all-reduce (emulated with gradient hooks, 2 MiB buckets) and waiting for it (T_ddp), and its
     gradients' all-reduce alone (T_ar); o = (T_b + T_ar − T_ddp) / T_b clipped to [0, 1], the inverse of DESIGN §3's
     T_N = T_b + max(0, T_ar − o·T_b). `fresh=True` ignores the cache.
+
+    Ranks start with torch.multiprocessing's "spawn" and meet through a FileStore (no port). Spawned ranks re-import
+    the caller's main script, so a script calling this needs the `if __name__ == "__main__":` guard and should keep
+    heavy imports (lightning) out of its top level.
     """
     if world_size <= 1:
         return LinkModel.no_cost()
@@ -160,7 +164,10 @@ def _join_within(ctx: mp.ProcessContext, timeout_seconds: float, what: str) -> N
         mp.ProcessExitedException,
     ) as err:  # a rank failed; join() has already stopped the others
         last_line = str(err).strip().splitlines()[-1]
-        raise HSLiteError(f"{what} failed on a rank ({last_line}); price the plan from a topology profile.") from err
+        raise HSLiteError(
+            f"{what} failed on a rank ({last_line}). Ranks are spawned, so they re-import the calling script: guard "
+            "it with `if __name__ == '__main__':`, or price the plan from a topology profile instead."
+        ) from err
 
 
 def _rank_main(

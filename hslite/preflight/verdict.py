@@ -25,6 +25,7 @@ from hslite.preflight.probe import ProbeResult
 
 AMP_PRECISION = "bf16-mixed"  # the AMP a single device is also priced with; fp16 on CPU runs as bf16 anyway
 NO_GO_EXIT_CODE = 3  # DESIGN §3
+IMPLAUSIBLE_CPU_EFFICIENCY = 1.2  # processes sharing cores cannot beat one process on all of them by much
 CLEARLY_FASTER = 1.1  # a GO verdict names a faster passing plan only from this throughput ratio up
 BATCH_SCALES = (4, 2, 1, 1 / 2, 1 / 4)  # per-device batch × scale, accumulation ÷ scale: same global batch
 
@@ -190,6 +191,15 @@ def decide(requested: Plan, predictions: dict[Plan, Prediction], min_efficiency:
 
     go = requested in passing
     reasons = _reasons(requested, predictions[requested], efficiency[requested], min_efficiency, best_single)
+    if (
+        requested.accelerator == "cpu"
+        and requested.world_size > 1
+        and efficiency[requested] > IMPLAUSIBLE_CPU_EFFICIENCY
+    ):
+        reasons.append(
+            f"E = {efficiency[requested]:.2f} for processes sharing one CPU is implausible: the single-device probe "
+            "was probably slowed by other load on this machine; re-measure (fresh) when it is idle"
+        )
     if not any(pred.fits_memory for pred in singles.values()):
         reasons.append("no single-device plan fits in memory: E is measured against an unconstrained single device")
     if best_passing is not None and best_passing != requested:
