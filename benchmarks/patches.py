@@ -7,10 +7,16 @@ variant. Rows:
   vectorised         PatchDataset.__getitems__ through a DataLoader (collate_patches), contiguous (n, B, p, p) float32,
                      a fresh output tensor per batch (what HSIDataModule hands to a model)
   vectorised NHWC    same, PatchGatherer(channels_last=True): same shape, channels-last strides
-  gather, reused out PatchGatherer.gather into one preallocated buffer, no DataLoader (an upper bound)
+  gather, reused     PatchGatherer.gather into one preallocated buffer, no DataLoader: the buffer stays in cache, a
+                     ceiling for a loader that must hand out fresh batches (NHWC row: the layout of the ~260k/s probe)
   per-sample         numpy slice + transpose per item, default collate (the common baseline)
 Copy bandwidth is a large tensor.copy_ (bytes read + written); the pipeline's bandwidth counts the bytes of each
 output batch once written and once read, as a copy of the same bytes would.
+
+What limits the contiguous layout: in it a patch is B*p rows of only p floats, so the single index_select copies
+n*B*p short rows (~8 ns each on the reference machine). The NHWC layout copies n*p*p whole spectra (B floats) and runs
+at or above memory bandwidth when batches stay in cache. The per-sample baseline itself already reaches about a third
+of copy bandwidth on a machine with a large cache, which bounds the attainable ratio.
 """
 
 from __future__ import annotations
@@ -59,7 +65,8 @@ def samples_per_second(loader: DataLoader, seconds: float) -> float:
 
 def gather_only(gatherer: PatchGatherer, coords: torch.Tensor, seconds: float) -> float:
     """Gather shuffled batches into one reused buffer for about `seconds`; return samples/s."""
-    out = torch.empty((BATCH, gatherer.num_bands, PATCH, PATCH))
+    memory_format = torch.channels_last if gatherer.channels_last else torch.contiguous_format
+    out = torch.empty((BATCH, gatherer.num_bands, PATCH, PATCH), memory_format=memory_format)
     samples, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         for batch in torch.randperm(len(coords)).split(BATCH):
@@ -107,7 +114,10 @@ def main() -> None:
             loader(PatchDataset(PatchGatherer(padded, PATCH, channels_last=True), coords, labels),
                    collate_fn=collate_patches), args.seconds,
         ),
-        "gather, reused out": lambda: gather_only(PatchGatherer(padded, PATCH), torch.from_numpy(coords), args.seconds),
+        "gather, reused": lambda: gather_only(PatchGatherer(padded, PATCH), torch.from_numpy(coords), args.seconds),
+        "NHWC gather, reused": lambda: gather_only(
+            PatchGatherer(padded, PATCH, channels_last=True), torch.from_numpy(coords), args.seconds
+        ),
         "per-sample": lambda: samples_per_second(loader(PerSampleDataset(padded, coords, labels)), args.seconds),
         "copy": lambda: copy_gbps(args.seconds),
     }  # fmt: skip
