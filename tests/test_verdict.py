@@ -14,8 +14,8 @@ from torch import nn
 from hslite.errors import ConfigError
 from hslite.parallel.plan import Plan
 from hslite.preflight.costmodel import predict
-from hslite.preflight.links import LinkModel, load_topology
-from hslite.preflight.probe import ProbeResult, probe_model, threads_per_process
+from hslite.preflight.links import LinkModel, load_topology, measure_links_for
+from hslite.preflight.probe import ProbeResult, probe_for_plans, probe_model, threads_per_process
 from hslite.preflight.verdict import candidate_plans, decide, run_preflight
 
 GIB = 2**30
@@ -177,3 +177,15 @@ def test_superlinear_cpu_efficiency_is_called_out_as_a_disturbed_probe():
     requested = Plan(devices=2, accelerator="cpu", batch_size=32)
     verdict = run_preflight(requested, disturbed_probe_for, lambda plan: LinkModel(1e-6, 1e10), 8 * GIB, cpu_cores=2)
     assert verdict.efficiency > 1.2 and any("implausible" in reason for reason in verdict.reasons)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_end_to_end_with_real_probes_and_a_real_two_process_link(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    requested = Plan(devices=2, accelerator="cpu", batch_size=16)
+    probe_for = probe_for_plans(small_model, make_batch, cache_key="small-mlp", warmup=1, steps=2)
+    verdict = run_preflight(requested, probe_for, measure_links_for, 4 * GIB)
+    assert verdict.reasons and verdict.best_passing is not None
+    link = verdict.to_dict()["requested_prediction"]
+    assert link["comm_seconds"] > 0 and link["per_device_peak_bytes"] > 0

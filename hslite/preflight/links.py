@@ -29,6 +29,7 @@ from torch import nn
 from hslite.errors import ConfigError, HSLiteError
 from hslite.parallel.plan import Plan
 from hslite.preflight import read_cache, write_cache
+from hslite.preflight.probe import threads_per_process
 
 # Sizes that span latency- and bandwidth-bound all-reduces; gloo on CPU saturates by a few MiB, NCCL needs more.
 DEFAULT_SIZES_BYTES = {"gloo": (4 << 10, 64 << 10, 1 << 20, 4 << 20), "nccl": (64 << 10, 4 << 20, 64 << 20, 256 << 20)}
@@ -146,6 +147,20 @@ def measure_links(
     link = LinkModel(alpha, bw, overlap, source, points)
     write_cache("links", key, link.to_dict())
     return link
+
+
+def measure_links_for(plan: Plan, *, fresh: bool = False, timeout_seconds: float = 60.0) -> LinkModel:
+    """A `link_for` for `run_preflight` that measures this machine (cached).
+
+    The plan's data-parallel ranks: gloo with the threads one CPU rank gets, or NCCL on GPUs. Multi-node plans
+    cannot be measured here: use `load_topology(name).link_for`.
+    """
+    if plan.num_nodes > 1:
+        raise ConfigError(f"{plan.describe()} spans {plan.num_nodes} nodes; price it with a topology profile.")
+    if plan.accelerator == "gpu":
+        return measure_links(plan.dp, backend="nccl", fresh=fresh, timeout_seconds=timeout_seconds)
+    threads = threads_per_process(plan)
+    return measure_links(plan.dp, threads_per_process=threads, fresh=fresh, timeout_seconds=timeout_seconds)
 
 
 def _join_within(ctx: mp.ProcessContext, timeout_seconds: float, what: str) -> None:

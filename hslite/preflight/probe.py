@@ -70,6 +70,24 @@ def threads_per_process(plan: Plan, cores: int | None = None) -> int:
     return max(1, cores // plan.devices)
 
 
+def probe_for_plans(
+    model_factory: Callable[[], nn.Module], make_batch: Callable[[int], tuple[Tensor, Tensor]], **probe_kwargs: Any
+) -> Callable[[Plan], ProbeResult]:
+    """A `probe_for` for `run_preflight`: probes at the plan's batch and precision.
+
+    GPU plans are probed on cuda:0, CPU plans with the threads one rank gets. `probe_kwargs` go to `probe_model`
+    (cache_key, fresh, steps, measure_compression, tokenizer_modules, band_groups, ...).
+    """
+
+    def probe_for(plan: Plan) -> ProbeResult:
+        on_gpu = plan.accelerator == "gpu"
+        return probe_model(model_factory, make_batch, batch_size=plan.batch_size, precision=plan.precision,
+                           device="cuda:0" if on_gpu else "cpu", threads=None if on_gpu else threads_per_process(plan),
+                           **probe_kwargs)  # fmt: skip
+
+    return probe_for
+
+
 def probe_model(
     model_factory: Callable[[], nn.Module],
     make_batch: Callable[[int], tuple[Tensor, Tensor]],
