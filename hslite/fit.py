@@ -10,11 +10,9 @@ The CLI and `compare` both call `fit`; nothing here parses command lines.
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import time
-import warnings
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -29,6 +27,7 @@ from hslite.datasets.datamodule import HSIDataModule
 from hslite.datasets.io import write_geotiff
 from hslite.models import get_model
 from hslite.parallel.plan import Plan, plan_from_config, trainer_kwargs
+from hslite.parallel.rank_setup import quiet_lightning
 from hslite.report import plot_confusion, plot_map, print_summary, write_json
 from hslite.task import HSIClassifier
 
@@ -43,10 +42,14 @@ class RunResult:
 
 
 class TrainThroughput(pl.Callback):
-    """Seconds spent in training batches and samples seen, excluding validation and start-up."""
+    """Time spent in training batches, logged so it survives spawned ranks (their callbacks die with them).
+
+    Only the batch itself is timed (forward, backward, optimiser, all-reduce), not validation or start-up; the
+    median per batch is what the pre-flight prediction is compared with.
+    """
 
     def __init__(self) -> None:
-        self.seconds = 0.0
+        self.batch_seconds: list[float] = []
         self.samples = 0
         self._start = 0.0
 
@@ -56,8 +59,23 @@ class TrainThroughput(pl.Callback):
     def on_train_batch_end(  # noqa: D102
         self, trainer: pl.Trainer, module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        self.seconds += time.perf_counter() - self._start
-        self.samples += len(batch[1])
+        self.batch_seconds.append(time.perf_counter() - self._start)
+        self.samples += len(batch[1]) * trainer.world_size
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:  # noqa: D102
+        # Skip the first batch of the run (lazy initialisation, DDP's first single bucket) in the median.
+        steady = self.batch_seconds[1:] or self.batch_seconds
+        module.log_dict(
+            {
+                "perf/median_batch_seconds": float(np.median(steady)),
+                "perf/train_batch_seconds": float(sum(self.batch_seconds)),
+                "perf/train_samples": float(self.samples),
+                "perf/epochs": float(trainer.current_epoch + 1),
+                "perf/optimizer_steps": float(trainer.global_step),
+            },
+            sync_dist=True,
+            reduce_fx="max",  # the slowest rank sets the pace of a synchronous step
+        )
 
 
 def build_datamodule(cfg: Config) -> HSIDataModule:
@@ -113,16 +131,6 @@ def build_task(cfg: Config, datamodule: HSIDataModule) -> HSIClassifier:
     )
 
 
-def quiet_lightning() -> None:
-    """Silence Lightning's start-up chatter at its source; hslite prints its own summary, and warnings still show.
-
-    The info logger carries hardware banners and sales tips ("try litlogger"); the pytree FutureWarning is Lightning's
-    own use of a torch API it has not migrated (lightning 2.6 with torch ≥ 2.10) and says nothing about hslite's code.
-    """
-    logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", category=FutureWarning, module=r"lightning\.pytorch\.utilities\._pytree")
-
-
 def _new_run_dir(cfg: Config) -> tuple[Path, Path]:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
     final = Path(cfg.output.root) / cfg.recipe / stamp
@@ -171,8 +179,7 @@ def _train_and_evaluate(
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger
 
-    throughput = TrainThroughput()
-    callbacks: list[pl.Callback] = [throughput]
+    callbacks: list[pl.Callback] = [TrainThroughput()]
     checkpoint = None
     if cfg.output.save_checkpoint:
         checkpoint = ModelCheckpoint(
@@ -181,7 +188,7 @@ def _train_and_evaluate(
         callbacks.append(checkpoint)
     kwargs = trainer_kwargs(plan, progress=cfg.train.progress)
     callbacks += kwargs.pop("callbacks", [])
-    steps_per_epoch = max(1, len(datamodule.train_dataloader()))
+    steps_per_epoch = max(1, len(datamodule.train_dataloader()) // plan.dp)
     trainer = pl.Trainer(
         **kwargs,
         max_epochs=cfg.train.max_epochs,
@@ -199,6 +206,7 @@ def _train_and_evaluate(
     trainer.fit(task, datamodule=datamodule)
     train_seconds = time.perf_counter() - wall_start
 
+    perf = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("perf/")}
     best = Path(checkpoint.best_model_path) if checkpoint and checkpoint.best_model_path else None
     _load_best(task, best)
     evaluator = pl.Trainer(**trainer_kwargs(plan.with_(devices=1, num_nodes=1), progress=False), logger=False)
@@ -209,12 +217,13 @@ def _train_and_evaluate(
         "kappa": test["test/kappa"],
         "per_class_accuracy": task.per_class_accuracy.tolist(),
         "class_names": datamodule.class_names,
-        "epochs": trainer.current_epoch,
-        "optimizer_steps": trainer.global_step,
+        "epochs": int(perf["perf/epochs"]),
+        "optimizer_steps": int(perf["perf/optimizer_steps"]),
         "train_seconds": train_seconds,
-        "train_batch_seconds": throughput.seconds,
-        "train_samples": throughput.samples,
-        "train_samples_per_second": throughput.samples / max(throughput.seconds, 1e-9),
+        "train_batch_seconds": perf["perf/train_batch_seconds"],
+        "median_batch_seconds": perf["perf/median_batch_seconds"],
+        "train_samples": int(perf["perf/train_samples"]),
+        "train_samples_per_second": perf["perf/train_samples"] / max(perf["perf/train_batch_seconds"], 1e-9),
         "plan": plan.to_dict(),
         "split_counts": datamodule.split.counts(datamodule.scene.gt),
         "best_checkpoint": str(best.relative_to(work_dir)) if best else None,

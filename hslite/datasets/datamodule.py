@@ -95,6 +95,17 @@ class HSIDataModule(lightning.LightningDataModule):
         self._wavelengths: np.ndarray | None = None
         self._num_bands = 0
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle the recipe, not the built data: a spawned rank re-runs setup() and rebuilds the same split.
+
+        Shipping the padded cube to every spawned rank through shared memory failed here ("bad value(s) in
+        fds_to_keep") and costs as much as re-reading it; setup() is deterministic in the seed (or the split file).
+        """
+        state = self.__dict__.copy()
+        state.update(_datasets={}, _scene=None, _split=None, _kept_bands=None, _normaliser=None, _pca=None)
+        state.update(_wavelengths=None, _num_bands=0)
+        return state
+
     def prepare_data(self) -> None:
         """Make sure the scene's files are present (downloading them when allowed); reads nothing."""
         if is_synthetic(self.scene_name):

@@ -171,9 +171,14 @@ def plan_from_config(cfg: Config, check_visible: bool = True) -> Plan:
 
 
 def trainer_kwargs(plan: Plan, progress: bool = True) -> dict[str, Any]:
-    """Lightning Trainer arguments for a Plan: accelerator, devices, strategy, precision, accumulation, progress bar."""
+    """Lightning Trainer arguments for a Plan: accelerator, devices, strategy, precision, accumulation, callbacks.
+
+    Several ranks run Lightning DDP launched by spawning: `fit` stays a library call whose process holds the data and
+    the reports, and the trained weights come back to it. CPU ranks use gloo with cores ÷ N threads each.
+    """
     from lightning.pytorch.callbacks import RichProgressBar
 
+    callbacks: list[Any] = [RichProgressBar(leave=True)] if progress else []
     kwargs: dict[str, Any] = {
         "accelerator": plan.accelerator,
         "devices": plan.devices,
@@ -182,7 +187,29 @@ def trainer_kwargs(plan: Plan, progress: bool = True) -> dict[str, Any]:
         "accumulate_grad_batches": plan.accumulate,
         "enable_progress_bar": progress,
         "enable_model_summary": False,
+        "strategy": "auto",
     }
-    if progress:
-        kwargs["callbacks"] = [RichProgressBar(leave=True)]
+    if plan.world_size > 1:
+        kwargs["strategy"] = _ddp_strategy(plan)
+    from hslite.parallel.rank_setup import RankSetup, threads_for
+
+    callbacks.append(RankSetup(threads_for(plan.world_size) if plan.accelerator == "cpu" else None))
+    kwargs["callbacks"] = callbacks
     return kwargs
+
+
+def _ddp_strategy(plan: Plan) -> Any:
+    from datetime import timedelta
+
+    from lightning.pytorch.strategies import DDPStrategy
+
+    options: dict[str, Any] = {
+        "start_method": "spawn",
+        "process_group_backend": "gloo" if plan.accelerator == "cpu" else "nccl",
+        "timeout": timedelta(minutes=5),  # a rank that died should fail the run in minutes, not torch's 30
+    }
+    if plan.compression_enabled:
+        from hslite.parallel.strategies import CompressedDDPStrategy
+
+        return CompressedDDPStrategy(plan.compression, **options)
+    return DDPStrategy(**options)
