@@ -191,6 +191,11 @@ def trainer_kwargs(plan: Plan, progress: bool = True) -> dict[str, Any]:
     }
     if plan.world_size > 1:
         kwargs["strategy"] = _ddp_strategy(plan)
+        if plan.compression_enabled:
+            from hslite.parallel.compression_guard import CompressionGuard
+
+            # Against its own best val/OA: two validations in a row more than 1 point below it relax one level.
+            callbacks.append(CompressionGuard("val/OA", tolerance_points=1.0, patience=2))
     from hslite.parallel.rank_setup import RankSetup, threads_for
 
     callbacks.append(RankSetup(threads_for(plan.world_size) if plan.accelerator == "cpu" else None))
