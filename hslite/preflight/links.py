@@ -274,10 +274,8 @@ def _bucketed_allreduce_hooks(model: nn.Module, bucket_cap_bytes: int) -> list[A
             ready[bucket_index] = ready.get(bucket_index, 0) + 1
             if ready[bucket_index] == len(buckets[bucket_index]):
                 ready[bucket_index] = 0
-                flat = torch.cat(
-                    [p.grad.flatten() for p in buckets[bucket_index] if p.grad is not None]
-                )  # DDP copies into a bucket too
-                works.append(dist.all_reduce(flat, async_op=True))
+                grads = [p.grad.flatten() for p in buckets[bucket_index] if p.grad is not None]
+                works.append(dist.all_reduce(torch.cat(grads), async_op=True))  # DDP copies into a flat bucket too
 
         return hook
 

@@ -2,7 +2,8 @@
 
 `run_preflight` is the one call the CLI and `fit` make:
 
-    verdict = run_preflight(plan, probe_for, link_for, device_memory_bytes, min_efficiency=0.5, max_devices=4)
+    probe_for = probe_for_plans(model_factory, make_batch, cache_key="cnn3d-indian_pines")
+    verdict = run_preflight(plan, probe_for, measure_links_for, host_memory_bytes)  # or topology=load_topology(..)
     print(verdict.reasons); json.dump(verdict.to_dict(), f); sys.exit(verdict.exit_code)
 
 E = ECD(N)/ECD(1) where ECD(1) is the best single-device plan at the same global batch (DESIGN §3).
@@ -267,11 +268,12 @@ def run_preflight(
 ) -> Verdict:
     """Probe, price every candidate and decide; the single entry point of the pre-flight check.
 
-    `probe_for(plan)` is called once per distinct (precision, accelerator, devices per node) with a one-rank plan
-    at the requested per-device batch; other batches come from the fitted c0 + c1·b. On CPU it should probe with
-    `threads_per_process(plan)` threads. `link_for(plan)` gives the data-parallel link (`measure_links(plan.dp)` or
-    `topology.link_for`), called once per distinct group; `topology` fills in `link_for`, `chag_link_for`,
-    `device_memory_bytes` and `max_devices` when they are not given. `max_devices` defaults to the request's.
+    `probe_for(plan)` is called once per distinct (precision, accelerator, CPU ranks per node) with a one-rank plan
+    at the requested per-device batch; other batches come from the fitted c0 + c1·b. `probe_for_plans(factory,
+    make_batch)` builds one (CPU ranks probed with the threads they will get). `link_for(plan)` gives the
+    data-parallel link, once per distinct group: `measure_links_for` on this box, or a topology's `link_for`.
+    `topology` fills in `link_for`, `chag_link_for`, `device_memory_bytes` (one device; host memory for CPU plans)
+    and `max_devices` (devices per node) when they are not given; `max_devices` otherwise defaults to the request's.
     """
     requested.validate()
     if topology is not None:
