@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hslite.errors import ConfigError
+from hslite.parallel.compression import DEFAULT_CHUNK_ELEMS  # int8 values per fp32 scale in the int8 hook
 
 if TYPE_CHECKING:
     from hslite.parallel.plan import Plan
@@ -23,8 +24,6 @@ if TYPE_CHECKING:
 
 # torch DDP's default bucket_cap_mb=25: the last bucket to fill is reduced after backward, so it never overlaps.
 DDP_BUCKET_CAP_BYTES = 25 * 2**20
-# One fp32 scale per quantised chunk; the int8 hook quantises per DDP bucket.
-INT8_CHUNK_BYTES = DDP_BUCKET_CAP_BYTES
 # Quantise + dequantise (with error feedback) cost per fp32 gradient byte when the probe did not measure it.
 # cpu: measured 2.5-3.8e-9 with one thread on an 8 MB buffer (2-core AVX2 CPU, torch 2.13, probe's
 # measure_compression). gpu: estimate, ~8 passes over the buffer at ~2 TB/s of HBM; measure it when it matters.
@@ -64,7 +63,7 @@ def wire_bytes(grad_bytes: float, compression: str) -> float:
     """Bytes all-reduced per step: S, S/2 for bf16/fp16, S/4 plus one fp32 scale per chunk for int8 (DESIGN §3)."""
     if compression not in WIRE_BYTES_PER_GRAD_BYTE:
         raise ConfigError(f"compression must be one of {', '.join(WIRE_BYTES_PER_GRAD_BYTE)}, got {compression!r}.")
-    scales_bytes = 4 * math.ceil(grad_bytes / INT8_CHUNK_BYTES) if compression == "int8" else 0
+    scales_bytes = 4 * math.ceil(grad_bytes / 4 / DEFAULT_CHUNK_ELEMS) if compression == "int8" else 0
     return grad_bytes * WIRE_BYTES_PER_GRAD_BYTE[compression] + scales_bytes
 
 
