@@ -67,6 +67,7 @@ class TrainConfig:
     class_weights: bool = False  # weight the loss by inverse class frequency of the training pixels
     limit_train_batches: float = 1.0  # share (≤1.0) or count (>1) of training batches per epoch; 1.0 means all
     limit_val_batches: float = 1.0  # share or count of validation batches per epoch
+    limit_test_batches: float = 1.0  # share or count of test batches; 1.0 means the whole test set
     check_val_every_n_epoch: int = 1  # validate every this many epochs
     progress: bool = True  # rich progress bar
 

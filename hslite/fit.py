@@ -209,7 +209,11 @@ def _train_and_evaluate(
     perf = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("perf/")}
     best = Path(checkpoint.best_model_path) if checkpoint and checkpoint.best_model_path else None
     _load_best(task, best)
-    evaluator = pl.Trainer(**trainer_kwargs(plan.with_(devices=1, num_nodes=1), progress=False), logger=False)
+    evaluator = pl.Trainer(
+        **trainer_kwargs(plan.with_(devices=1, num_nodes=1, compression="none"), progress=False),
+        logger=False,
+        limit_test_batches=_limit(cfg.train.limit_test_batches),
+    )
     test = evaluator.test(task, datamodule=datamodule, verbose=False)[0]
     metrics: dict[str, Any] = {
         "OA": test["test/OA"],
