@@ -189,6 +189,8 @@ def _train_and_evaluate(
     kwargs = trainer_kwargs(plan, progress=cfg.train.progress)
     callbacks += kwargs.pop("callbacks", [])
     steps_per_epoch = max(1, len(datamodule.train_dataloader()) // plan.dp)
+    if cfg.train.limit_train_batches > 1:
+        steps_per_epoch = min(steps_per_epoch, int(cfg.train.limit_train_batches))
     trainer = pl.Trainer(
         **kwargs,
         max_epochs=cfg.train.max_epochs,
