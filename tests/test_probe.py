@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 from hslite.errors import ConfigError
-from hslite.parallel.plan import Plan
+from hslite.parallel.plan import Plan, threads_per_process
 from hslite.preflight import probe as probe_module
-from hslite.preflight.probe import ProbeResult, probe_model, threads_per_process
+from hslite.preflight.probe import ProbeResult, probe_model
 
 D, H, C = 16, 32, 5
 

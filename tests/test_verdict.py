@@ -12,10 +12,10 @@ from rich.console import Console
 from torch import nn
 
 from hslite.errors import ConfigError
-from hslite.parallel.plan import Plan
+from hslite.parallel.plan import Plan, threads_per_process
 from hslite.preflight.costmodel import predict
 from hslite.preflight.links import LinkModel, load_topology, measure_links_for
-from hslite.preflight.probe import ProbeResult, probe_for_plans, probe_model, threads_per_process
+from hslite.preflight.probe import ProbeResult, probe_for_plans, probe_model
 from hslite.preflight.verdict import candidate_plans, decide, run_preflight
 
 GIB = 2**30

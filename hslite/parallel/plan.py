@@ -129,6 +129,15 @@ def visible_devices(accelerator: str) -> int:
     return os.cpu_count() or 1
 
 
+def threads_per_process(plan: Plan, cores: int | None = None) -> int:
+    """CPU threads one rank of `plan` gets on this node: usable cores ÷ processes, at least 1.
+
+    Usable cores come from the affinity mask, which is what a container really grants.
+    """
+    cores = cores or len(os.sched_getaffinity(0))
+    return max(1, cores // plan.devices)
+
+
 def resolve_accelerator(accelerator: str) -> str:
     """'auto' becomes 'gpu' when CUDA is available, else 'cpu'."""
     if accelerator == "auto":
@@ -196,9 +205,9 @@ def trainer_kwargs(plan: Plan, progress: bool = True) -> dict[str, Any]:
 
             # Against its own best val/OA: two validations in a row more than 1 point below it relax one level.
             callbacks.append(CompressionGuard("val/OA", tolerance_points=1.0, patience=2))
-    from hslite.parallel.rank_setup import RankSetup, threads_for
+    from hslite.parallel.rank_setup import RankSetup
 
-    callbacks.append(RankSetup(threads_for(plan.world_size) if plan.accelerator == "cpu" else None))
+    callbacks.append(RankSetup(threads_per_process(plan) if plan.accelerator == "cpu" else None))
     kwargs["callbacks"] = callbacks
     return kwargs
 

@@ -7,16 +7,10 @@ log levels) do not reach them; this callback applies them inside each rank befor
 from __future__ import annotations
 
 import logging
-import os
 import warnings
 
 import lightning.pytorch as pl
 import torch
-
-
-def threads_for(world_size: int, cores: int | None = None) -> int:
-    """Threads each of `world_size` processes on one box gets: cores ÷ N, at least 1."""
-    return max(1, (cores or os.cpu_count() or 1) // world_size)
 
 
 def quiet_lightning() -> None:

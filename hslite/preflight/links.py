@@ -27,9 +27,8 @@ import yaml
 from torch import nn
 
 from hslite.errors import ConfigError, HSLiteError
-from hslite.parallel.plan import Plan
+from hslite.parallel.plan import Plan, threads_per_process
 from hslite.preflight import read_cache, write_cache
-from hslite.preflight.probe import threads_per_process
 
 # Sizes that span latency- and bandwidth-bound all-reduces; gloo on CPU saturates by a few MiB, NCCL needs more.
 DEFAULT_SIZES_BYTES = {"gloo": (4 << 10, 64 << 10, 1 << 20, 4 << 20), "nccl": (64 << 10, 4 << 20, 64 << 20, 256 << 20)}

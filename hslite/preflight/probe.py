@@ -9,7 +9,6 @@ user cache dir. On CPU the "devices" are processes sharing the cores, so probe w
 from __future__ import annotations
 
 import contextlib
-import os
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -20,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from hslite.errors import ConfigError
-from hslite.parallel.plan import PRECISIONS, Plan
+from hslite.parallel.plan import PRECISIONS, Plan, threads_per_process
 from hslite.preflight import read_cache, write_cache
 from hslite.preflight.costmodel import fit_compute_model
 
@@ -62,12 +61,6 @@ class ProbeResult:
         """Inverse of `to_dict` (unknown keys are ignored so older cache files still load)."""
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
-
-
-def threads_per_process(plan: Plan, cores: int | None = None) -> int:
-    """CPU threads one rank of `plan` gets on this node: cores ÷ processes, at least 1."""
-    cores = cores or len(os.sched_getaffinity(0))
-    return max(1, cores // plan.devices)
 
 
 def probe_for_plans(
