@@ -32,6 +32,23 @@ def _cmd_fit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_preflight(args: argparse.Namespace) -> int:
+    import json
+
+    from hslite.config import load_config
+
+    cfg = load_config(None, args.overrides)
+    from hslite.preflight.check import preflight_check
+    from hslite.preflight.report import print_verdict
+
+    verdict = preflight_check(cfg)
+    if args.json:
+        print(json.dumps(verdict.to_dict(), indent=2, default=str))
+    else:
+        print_verdict(verdict)
+    return verdict.exit_code
+
+
 def _cmd_recipes(args: argparse.Namespace) -> int:
     from hslite.config import list_recipes, valid_keys
 
@@ -104,6 +121,9 @@ def _parser() -> argparse.ArgumentParser:
     add("fit", _cmd_fit, "train, test and report one recipe").add_argument(
         "overrides", nargs="*", metavar="key=value", help="recipe=NAME and section.key=value overrides"
     )
+    p = add("preflight", _cmd_preflight, "GO (exit 0) / NO-GO (exit 3): does this multi-device plan pay?")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="recipe=NAME and section.key=value overrides")
+    p.add_argument("--json", action="store_true", help="print the full report as JSON instead of a table")
     p = add("recipes", _cmd_recipes, "list the shipped recipes")
     p.add_argument("--keys", action="store_true", help="list every key a recipe or override may set")
     add("models", _cmd_models, "list the registered models")

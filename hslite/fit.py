@@ -28,6 +28,7 @@ from hslite.datasets.io import write_geotiff
 from hslite.models import get_model
 from hslite.parallel.plan import Plan, plan_from_config, trainer_kwargs
 from hslite.parallel.rank_setup import quiet_lightning
+from hslite.preflight.verdict import Verdict
 from hslite.report import plot_confusion, plot_map, print_summary, write_json
 from hslite.task import HSIClassifier
 
@@ -131,6 +132,40 @@ def build_task(cfg: Config, datamodule: HSIDataModule) -> HSIClassifier:
     )
 
 
+def _gate(cfg: Config, plan: Plan) -> Verdict | None:
+    """Run the pre-flight check; refuse a NO-GO plan (exit 3) unless preflight.enforce=false."""
+    if not cfg.preflight.enabled:
+        return None
+    from hslite.preflight.check import PreflightRefused, preflight_check
+    from hslite.preflight.report import print_verdict
+
+    verdict = preflight_check(cfg, single_device_only=plan.world_size == 1)
+    if not verdict.go:
+        print_verdict(verdict)
+        if cfg.preflight.enforce:
+            raise PreflightRefused(
+                f"pre-flight NO-GO for {plan.describe()}: {'; '.join(verdict.reasons[:2])}. "
+                "Set preflight.enforce=false to run it anyway."
+            )
+    return verdict
+
+
+def _predicted_vs_measured(verdict: Verdict, plan: Plan, metrics: dict[str, Any]) -> dict[str, Any]:
+    """The verdict, with the measured step time beside the predicted one (the base for calibration)."""
+    report = verdict.to_dict()
+    predicted = report["requested_prediction"]["step_seconds"]
+    measured = metrics["median_batch_seconds"] * plan.accumulate  # one optimiser step = G micro-batches
+    report["measured"] = {
+        "step_seconds": measured,
+        "predicted_step_seconds": predicted,
+        "relative_error": (predicted - measured) / measured if measured > 0 else None,
+        "samples_per_second": metrics["train_samples_per_second"],
+    }
+    metrics["predicted_step_seconds"] = predicted
+    metrics["measured_step_seconds"] = measured
+    return report
+
+
 def _new_run_dir(cfg: Config) -> tuple[Path, Path]:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
     final = Path(cfg.output.root) / cfg.recipe / stamp
@@ -154,6 +189,7 @@ def fit(cfg: Config) -> RunResult:
     """
     plan = plan_from_config(cfg)
     quiet_lightning()
+    verdict = _gate(cfg, plan)
     pl.seed_everything(cfg.train.seed, workers=True, verbose=False)
     datamodule = build_datamodule(cfg)
     datamodule.prepare_data()
@@ -165,6 +201,9 @@ def fit(cfg: Config) -> RunResult:
         (work_dir / "config.yaml").write_text(to_yaml(cfg))
         datamodule.split.save(work_dir / "split.npz")
         metrics = _train_and_evaluate(cfg, plan, datamodule, task, work_dir)
+        if verdict is not None:
+            write_json(work_dir / "preflight.json", _predicted_vs_measured(verdict, plan, metrics))
+        write_json(work_dir / "metrics.json", metrics)
         os.replace(work_dir, run_dir)
     except BaseException:
         shutil.rmtree(work_dir, ignore_errors=True)
@@ -241,7 +280,6 @@ def _train_and_evaluate(
         predicted = _predict_scene(evaluator, task, datamodule)
         plot_map(work_dir / "map.png", predicted, datamodule.scene.gt, datamodule.class_names)
         write_geotiff(work_dir / "prediction.tif", predicted, datamodule.scene.crs, datamodule.scene.transform)
-    write_json(work_dir / "metrics.json", metrics)
     return metrics
 
 

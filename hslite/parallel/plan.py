@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
 COMPRESSIONS = ("none", "int8", "bf16", "fp16")
+CPU_PROCESSES_PER_CORE = 2  # gloo ranks a fit may start per core: enough to measure sharing, not to thrash
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,7 @@ def visible_devices(accelerator: str) -> int:
         import torch
 
         return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return os.cpu_count() or 1
+    return len(os.sched_getaffinity(0))
 
 
 def threads_per_process(plan: Plan, cores: int | None = None) -> int:
@@ -169,8 +170,10 @@ def plan_from_config(cfg: Config, check_visible: bool = True) -> Plan:
                 f"`hslite preflight` and a topology profile (preflight.topology=...), or set parallel.num_nodes=1."
             )
         have = visible_devices(plan.accelerator)
+        if plan.accelerator == "cpu":
+            have *= CPU_PROCESSES_PER_CORE
         if plan.devices > have:
-            kind = "GPUs" if plan.accelerator == "gpu" else "CPU cores"
+            kind = "GPUs" if plan.accelerator == "gpu" else f"CPU processes ({CPU_PROCESSES_PER_CORE} per core)"
             raise ConfigError(
                 f"parallel.devices={plan.devices} but this box has {have} {kind} visible. "
                 f"Set parallel.devices≤{max(have, 1)}"
