@@ -136,7 +136,15 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `hslite` console script; returns the exit code."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    # Overrides may stand on either side of flags (`preflight recipe=R --json k=v`); argparse stops a positional
+    # list at the first flag, so the key=value items after it come back as extras and join the list here.
+    args, extras = parser.parse_known_args(argv)
+    stray = [item for item in extras if item.startswith("-") or "=" not in item or not hasattr(args, "overrides")]
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    if extras:
+        args.overrides = [*args.overrides, *extras]
     try:
         return args.handler(args)
     except HSLiteError as err:
