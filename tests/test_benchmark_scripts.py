@@ -1,0 +1,47 @@
+"""The benchmark scripts run end to end: the GPU check's CPU dry run and the quick pre-flight fidelity matrix."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(command: list[str], tmp_path: Path, timeout_seconds: float) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, OUT=str(tmp_path / "out"), PYTHON=sys.executable, PYTHONUNBUFFERED="1")
+    # Keep the probe and link caches of this machine out of the test: XDG_CACHE_HOME is where platformdirs looks.
+    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
+    return subprocess.run(
+        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_seconds, check=False
+    )
+
+
+def _last_line(result: subprocess.CompletedProcess[str]) -> str:
+    lines = result.stdout.strip().splitlines()
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return lines[-1] if lines else ""
+
+
+@pytest.mark.slow
+def test_gpu_check_dry_run(tmp_path: Path) -> None:
+    result = _run(["bash", "benchmarks/gpu_check.sh", "--dry-run"], tmp_path, timeout_seconds=150)
+    last = _last_line(result)
+    assert re.fullmatch(r"gpu_check: (\d+)/\1 steps ok in \d+ s; outputs in .+", last), last
+    assert "median relative error:" in result.stdout
+    out = tmp_path / "out"
+    assert (out / "preflight.json").is_file() and (out / "summary.txt").is_file()
+    assert len(list((out / "runs").glob("*/*/*/preflight.json"))) == 4  # 1 proc, 2 procs, bf16, accumulation 4
+
+
+@pytest.mark.slow
+def test_preflight_fidelity_quick(tmp_path: Path) -> None:
+    result = _run([sys.executable, "benchmarks/preflight_fidelity.py", "--quick"], tmp_path, timeout_seconds=150)
+    last = _last_line(result)
+    assert re.fullmatch(r"median relative error: \d+%", last), last
+    assert re.search(r"^cnn1d-small 2×cpu dp2 b32 acc1 32-true .*(GO|NO-GO)\s+(yes|NO)$", result.stdout, re.M)
