@@ -81,3 +81,17 @@ def test_accumulation_skips_the_all_reduce_on_non_final_micro_steps():
     counting = CompressedDDPStrategy("none", start_method="spawn", process_group_backend="gloo")  # fp32, counted
     _, trainer = train(Plan(devices=2, batch_size=8, accumulate=3), callbacks=[CountSyncs()], strategy=counting)
     assert trainer.callback_metrics["hook_calls"].item() == 4
+
+
+def test_amp_plan_trains_in_bf16_and_tracks_fp32():
+    torch.manual_seed(0)
+    start = get_model("cnn1d", in_bands=32, num_classes=4, patch_size=3).state_dict()
+    fp32, _ = train(Plan(devices=1, batch_size=16), epochs=1)
+    amp, trainer = train(Plan(devices=1, batch_size=16, precision="bf16-mixed"), epochs=1)
+    assert type(trainer.precision_plugin).__name__ == "MixedPrecision"
+    for name, a in fp32.model.state_dict().items():
+        b = amp.model.state_dict()[name]
+        assert b.dtype == torch.float32, f"{name}: master weights stay fp32 under AMP"
+        step_fp32, step_amp = (a - start[name]).flatten(), (b - start[name]).flatten()
+        cosine = torch.nn.functional.cosine_similarity(step_fp32, step_amp, dim=0)
+        assert cosine > 0.9, f"{name}: bf16 updates point elsewhere than fp32's (cosine {cosine:.3f})"
