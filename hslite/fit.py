@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import lightning.pytorch as pl
 import numpy as np
@@ -285,7 +285,7 @@ def _train_and_evaluate(
 
 def _predict_scene(trainer: pl.Trainer, task: HSIClassifier, datamodule: HSIDataModule) -> np.ndarray:
     """Class (1..C) of every pixel of the scene, predicted in batches."""
-    batches = trainer.predict(task, dataloaders=datamodule.predict_dataloader())
+    batches = cast(list[torch.Tensor], trainer.predict(task, dataloaders=datamodule.predict_dataloader()))
     flat = torch.cat(batches).numpy().astype(np.int64) + 1
     return flat.reshape(datamodule.scene.gt.shape)
 

@@ -50,6 +50,11 @@ class CompressionGuard(Callback):
         self.below = 0  # validations in a row past the tolerance at the current level
         self.switches: list[dict[str, Any]] = []  # one record per level change, saved in checkpoints
 
+    @staticmethod
+    def _strategy(trainer: pl.Trainer) -> Any:
+        """The strategy, typed loosely: `setup` has checked that it can switch compression."""
+        return trainer.strategy
+
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Refuse a strategy that cannot switch compression."""
         if not callable(getattr(trainer.strategy, "set_compression", None)):
@@ -76,14 +81,14 @@ class CompressionGuard(Callback):
             )
         value = float(trainer.callback_metrics[self.monitor])
         reference, source = self._reference(trainer.current_epoch)
-        kind = trainer.strategy.compression
+        kind = self._strategy(trainer).compression
         drop_points = 0.0 if reference is None else (reference - value) * self.points_per_unit
         self.below = self.below + 1 if drop_points > self.tolerance_points else 0
         self.best = value if self.best is None else max(self.best, value)
         target = NEXT_LEVEL.get(kind) if self.below >= self.patience else None
         target = trainer.strategy.broadcast(target, src=0)
         if target is not None:
-            trainer.strategy.set_compression(target)
+            self._strategy(trainer).set_compression(target)
             self.below = 0
             self.switches.append(
                 {
@@ -100,7 +105,7 @@ class CompressionGuard(Callback):
                 f"{drop_points:.2f} points below the {source} {reference:.4f} for {self.patience} validation(s) "
                 f"(tolerance {self.tolerance_points:.2f} points)."
             )
-        bits = LEVEL_BITS[trainer.strategy.compression]
+        bits = LEVEL_BITS[self._strategy(trainer).compression]
         trainer.callback_metrics["compression/level"] = torch.tensor(float(bits))
         for logger in trainer.loggers:
             logger.log_metrics({"compression/level": bits}, step=trainer.global_step)

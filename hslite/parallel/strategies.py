@@ -11,6 +11,7 @@ import torch.distributed as dist
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from torch.nn.parallel import DistributedDataParallel
 
 from hslite.errors import ConfigError
 from hslite.parallel.compression import DEFAULT_CHUNK_ELEMS, CompressionState, check_kind, dispatch_hook
@@ -79,8 +80,11 @@ class CompressedDDPStrategy(DDPStrategy):
         """Wrap the model in DDP as Lightning does, then register the dispatching hook on any device."""
         super().configure_ddp()
         state = self.compression_state
-        state.bind(self.model.module)
-        self.model.register_comm_hook(state, dispatch_hook)
+        ddp = self.model
+        if not isinstance(ddp, DistributedDataParallel):
+            raise RuntimeError(f"expected the model wrapped in DistributedDataParallel, got {type(ddp).__name__}")
+        state.bind(ddp.module)
+        ddp.register_comm_hook(state, dispatch_hook)
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Any | None = None) -> None:
         """Add every rank's compression state to a full checkpoint; Lightning calls this on all ranks."""
