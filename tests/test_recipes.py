@@ -9,10 +9,10 @@ import shutil
 
 import numpy as np
 import pytest
+from fixtures_data import write_geotiff_cube, write_real_format_cube
 
 from hslite.config import list_recipes, load_config
 from hslite.datasets.scenes import get_scene_spec, is_synthetic
-from tests.fixtures_data import write_geotiff_cube, write_real_format_cube
 
 QUICK = [
     "data.eval_batch_size=128",
