@@ -9,7 +9,7 @@ quickstart recipes (quickstart, quickstart_cpu2, quickstart_cpu4 by process coun
   predicted  the real pre-flight (`preflight_check`) on the plan's Config: the requested plan's step seconds, its E,
              its verdict, and the best single-device plan E is measured against;
   measured   `fit` of the same Config for a few dozen micro-batches: metrics["measured_step_seconds"] (median
-             training batch × accumulation, first batch skipped), with the pre-flight's prediction beside it;
+             batch, start to next start, × accumulation; first batch skipped), the prediction beside it;
   E          measured ECD(plan) / measured ECD(best single), ECD = global batch / step seconds / ranks; the best
              single plan the verdict names is fitted too (once; it is listed as a "ref" row when not in the matrix).
 The verdict "matches" when GO ⇔ measured E ≥ min_efficiency (single-device plans are GO by rule: "—").

@@ -43,27 +43,35 @@ class RunResult:
 
 
 class TrainThroughput(pl.Callback):
-    """Time spent in training batches, logged so it survives spawned ranks (their callbacks die with them).
+    """Time per training batch, logged so it survives spawned ranks (their callbacks die with them).
 
-    Only the batch itself is timed (forward, backward, optimiser, all-reduce), not validation or start-up; the
-    median per batch is what the pre-flight prediction is compared with.
+    A batch's time runs from its start to the next batch's start: forward, backward, optimiser, all-reduce, the
+    loop's hooks and fetching the next batch, but not validation or start-up. The median is what the pre-flight
+    prediction is compared with.
     """
 
     def __init__(self) -> None:
         self.batch_seconds: list[float] = []
         self.samples = 0
-        self._start = 0.0
+        self._start: float | None = None
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:  # noqa: D102
+        self._start = None  # the gap across validation is not a batch
 
     def on_train_batch_start(self, trainer: pl.Trainer, module: pl.LightningModule, batch: Any, batch_idx: int) -> None:  # noqa: D102
-        self._start = time.perf_counter()
+        now = time.perf_counter()
+        if self._start is not None:
+            self.batch_seconds.append(now - self._start)
+        self._start = now
 
     def on_train_batch_end(  # noqa: D102
         self, trainer: pl.Trainer, module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        self.batch_seconds.append(time.perf_counter() - self._start)
         self.samples += len(batch[1]) * trainer.world_size
 
     def on_train_epoch_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:  # noqa: D102
+        if self._start is not None:  # the epoch's last batch: to its end, there is no next start
+            self.batch_seconds.append(time.perf_counter() - self._start)
         # Skip the first batch of the run (lazy initialisation, DDP's first single bucket) in the median.
         steady = self.batch_seconds[1:] or self.batch_seconds
         module.log_dict(

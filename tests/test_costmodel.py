@@ -128,6 +128,17 @@ def test_accumulation_divides_communication_per_sample():
     assert cm.ddp_step_seconds(1.0, 2.0, 0.5, 3.0, overlap=0.5, accumulate=4) == pytest.approx(4 * 3 + 0.5 + 2.0)
 
 
+def test_training_loop_cost_is_paid_every_micro_step_and_counts_against_speedup():
+    probe, link = make_probe(device="cpu"), LinkModel.no_cost()
+    plan = Plan(devices=2, accelerator="cpu", batch_size=64, accumulate=4)
+    bare = cm.predict(plan, probe, link, 2**34, cpu_cores=2)
+    looped = cm.predict(plan, probe, link, 2**34, cpu_cores=2, loop_seconds=3e-3, alone_loop_seconds=1e-3)
+    assert looped.loop_seconds == pytest.approx(4 * 3e-3)
+    assert looped.step_seconds == pytest.approx(bare.step_seconds + 4 * 3e-3)
+    alone = 4 * (COMPUTE_SECONDS + 1e-3)  # one rank with the cores to itself pays its own, smaller loop
+    assert looped.speedup == pytest.approx(2 * alone / looped.step_seconds)
+
+
 def test_compressed_allreduce_prices_less_wire_plus_quantise_time():
     assert cm.wire_bytes(GRAD_BYTES, "int8") == pytest.approx(GRAD_BYTES / 4 + 4 * math.ceil(2_000_000 / 2048))
     assert cm.wire_bytes(GRAD_BYTES, "bf16") == GRAD_BYTES / 2

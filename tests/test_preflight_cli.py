@@ -39,6 +39,7 @@ def test_small_model_on_four_processes_is_no_go_with_the_better_plan_named(capsy
     assert report["best_passing"].startswith("1×cpu")
     assert report["efficiency"] < 0.5
     assert any("efficiency" in reason for reason in report["reasons"])
+    assert report["requested_prediction"]["loop_seconds"] > 0  # four ranks' measured Lightning + DDP loop
 
 
 def test_gpus_not_visible_is_explained_and_topology_still_predicts(capsys, monkeypatch):
@@ -53,6 +54,7 @@ def test_gpus_not_visible_is_explained_and_topology_still_predicts(capsys, monke
     assert code == report["exit_code"] and code in (0, 3)
     assert any("topology profile 'nvlink_8'" in r for r in report["reasons"])
     assert any("stand in for the GPU" in r for r in report["reasons"])
+    assert any("one local rank's figure" in r for r in report["reasons"])
     assert {row["plan"] for row in report["rows"]} >= {report["requested"], report["best_single"]}
 
 

@@ -125,6 +125,17 @@ def preflight_check(cfg: Config, *, single_device_only: bool = False) -> Verdict
         probe_for = lambda p: cpu_probe(replace(p, accelerator="cpu", devices=1))  # noqa: E731
         notes.append("no GPU here: step times measured on this CPU stand in for the GPU's (ratios, not seconds)")
 
+    def loop_seconds_for(p: Plan) -> float:
+        from hslite.preflight.overhead import measure_step_overhead
+
+        # Ranks this box cannot start (other nodes, absent GPUs) are priced with one local rank's loop.
+        runnable = topology is None and (p.accelerator == "cpu" or p.devices <= have)
+        ranks = p.devices if runnable and p.num_nodes == 1 else 1
+        accelerator = p.accelerator if p.accelerator == "cpu" or have else "cpu"
+        return measure_step_overhead(Plan(devices=ranks, accelerator=accelerator), classes, fresh=cfg.preflight.fresh)
+
+    if topology is not None:
+        notes.append("training-loop cost of several ranks not measurable here: one local rank's figure is used")
     verdict = run_preflight(
         plan,
         probe_for,
@@ -134,6 +145,7 @@ def preflight_check(cfg: Config, *, single_device_only: bool = False) -> Verdict
         1 if single_device_only else (None if topology else max(plan.devices, min(have, 16))),
         topology=topology,
         chag_supported=model_name == "channel_vit",
+        loop_seconds_for=loop_seconds_for,
     )
     verdict.reasons += notes
     return verdict

@@ -265,6 +265,7 @@ def run_preflight(
     chag_link_for: Callable[[Plan], LinkModel] | None = None,
     chag_supported: bool = False,
     cpu_cores: int | None = None,
+    loop_seconds_for: Callable[[Plan], float] | None = None,
 ) -> Verdict:
     """Probe, price every candidate and decide; the single entry point of the pre-flight check.
 
@@ -272,6 +273,8 @@ def run_preflight(
     at the requested per-device batch; other batches come from the fitted c0 + c1·b. `probe_for_plans(factory,
     make_batch)` builds one (CPU ranks probed with the threads they will get). `link_for(plan)` gives the
     data-parallel link, once per distinct group: `measure_links_for` on this box, or a topology's `link_for`.
+    `loop_seconds_for(plan)` is the training loop's cost per micro-step for the plan's ranks (once per distinct
+    ranks and accelerator; `measure_step_overhead` on this box); without it the loop is not priced.
     `topology` fills in `link_for`, `chag_link_for`, `device_memory_bytes` (one device; host memory for CPU plans)
     and `max_devices` (devices per node) when they are not given; `max_devices` otherwise defaults to the request's.
     """
@@ -285,6 +288,13 @@ def run_preflight(
         raise ConfigError("run_preflight needs link_for and device_memory_bytes, or a topology profile that has both.")
     probes: dict[tuple[Any, ...], ProbeResult] = {}
     links: dict[tuple[Any, ...], LinkModel] = {}
+    loops: dict[tuple[Any, ...], float] = {}
+
+    def loop_seconds(plan: Plan) -> float:
+        key = (plan.devices, plan.num_nodes, plan.accelerator)
+        if loop_seconds_for is not None and key not in loops:
+            loops[key] = loop_seconds_for(plan)
+        return loops.get(key, 0.0)
 
     def price(plan: Plan) -> Prediction:
         ranks_sharing_cores = plan.devices if plan.accelerator == "cpu" else 1  # sets the threads a CPU rank gets
@@ -305,7 +315,14 @@ def run_preflight(
         if plan.chag_enabled and chag_link_for is not None:
             chag_link = chag_link_for(plan)
         pred = predict(
-            plan, probes[probe_key], links[link_key], device_memory_bytes, chag_link=chag_link, cpu_cores=cpu_cores
+            plan,
+            probes[probe_key],
+            links[link_key],
+            device_memory_bytes,
+            chag_link=chag_link,
+            cpu_cores=cpu_cores,
+            loop_seconds=loop_seconds(plan),
+            alone_loop_seconds=loop_seconds(Plan(accelerator=plan.accelerator)),
         )
         pred.notes += topology.mapping_notes(plan) if topology is not None else []
         return pred
