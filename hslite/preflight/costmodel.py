@@ -122,7 +122,7 @@ class Prediction:
 
     step_seconds: float  # one optimiser step (G micro-steps)
     compute_seconds: float
-    loop_seconds: float  # the training loop's own cost (Lightning, metrics, DDP bookkeeping), G micro-steps
+    loop_seconds: float  # the training loop's own cost (Lightning, metrics, DDP bookkeeping) over the G micro-steps
     comm_seconds: float  # exposed (not hidden under backward)
     samples_per_second: float  # global
     ecd: float  # effective compute per device: global samples/s ÷ world size
@@ -193,8 +193,9 @@ def predict(
     """Price one plan: step time, throughput, ECD, speed-up, r and per-device memory (DESIGN §3).
 
     `link` carries the data-parallel (and FSDP) collectives, `chag_link` the channel-group ones (default: `link`).
-    `loop_seconds` is the training loop's measured cost per micro-step with the plan's ranks, `alone_loop_seconds`
-    with one (default: the same); see `preflight.overhead`. The analytic reference cases leave both at 0.
+    `loop_seconds` is the training loop's measured cost per synchronised micro-step with the plan's ranks,
+    `alone_loop_seconds` with one (default: the same), also what an accumulating micro-step costs; see
+    `preflight.overhead`. The analytic reference cases leave both at 0.
     On CPU, ranks are processes sharing `cpu_cores` (default: this machine's): compute slows by
     devices × probe.threads / cores when above 1, and `device_memory_bytes` is host memory shared by the ranks.
     """
@@ -241,10 +242,11 @@ def predict(
     if plan.rotation_enabled and (probe.chag_fraction is None or not probe.band_groups):
         notes.append("rotation not priced: the probe did not measure the tokenizer share or band groups")
 
-    loop_total_seconds = plan.accumulate * loop_seconds
+    alone_loop_seconds = loop_seconds if alone_loop_seconds is None else alone_loop_seconds
+    # Non-final micro-steps run under no_sync: no collective, no optimiser step, so each rank pays only its own loop.
+    loop_total_seconds = loop_seconds + (plan.accumulate - 1) * oversubscription * alone_loop_seconds
     step_seconds = compute_seconds + loop_total_seconds + exposed_seconds
     samples_per_second = plan.global_batch / step_seconds
-    alone_loop_seconds = loop_seconds if alone_loop_seconds is None else alone_loop_seconds
     # The same per-device plan on one rank with the cores to itself:
     alone_seconds = _compute_seconds(plan, probe, 1, 1)[0] + plan.accumulate * alone_loop_seconds
     speedup = samples_per_second / (plan.batch_size * plan.accumulate / alone_seconds)
