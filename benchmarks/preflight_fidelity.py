@@ -172,6 +172,15 @@ class Bench:
         extra = [f"output.root={self.root}", f"preflight.fresh={str(fresh).lower()}"]
         return load_config(recipe, COMMON_OVERRIDES + overrides + extra)
 
+    def loop_milliseconds(self, ranks: list[int]) -> str:
+        """The training loop's cost per synchronised micro-step the pre-flight measured (and cached) for each count."""
+        from hslite.parallel.plan import Plan
+        from hslite.preflight.check import input_shape
+        from hslite.preflight.overhead import measure_step_overhead
+
+        classes = input_shape(self._config(RECIPE_FOR_DEVICES[1], []))[2]
+        return ", ".join(f"{n} rank(s) {1e3 * measure_step_overhead(Plan(devices=n), classes):.1f} ms" for n in ranks)
+
     def measure(self, recipe: str, overrides: list[str], key: tuple[str, ...]) -> tuple[float, float]:
         """(measured, fit's predicted) step seconds of one short fit; measured is remembered under `key`."""
         from hslite.fit import fit
@@ -277,6 +286,8 @@ def main() -> int:
         agree = sum(r.go == (r.measured_efficiency >= r.min_efficiency) for r in verdicts)
         print(f"\n{len(rows)} plans in {time.perf_counter() - started:.0f} s; verdicts matching the measured "
               f"efficiency: {agree}/{len(verdicts)} multi-process plans")  # fmt: skip
+        loops = bench.loop_milliseconds(sorted({case.devices for case in cases}))
+        print(f"training loop per micro-step, priced by the pre-flight: {loops}")
         worst = max(rows, key=lambda r: abs(r.relative_error))
         print(f"worst relative error: {abs(worst.relative_error):.0%} ({worst.label})")
         print(f"median relative error: {statistics.median(errors):.0%}")

@@ -69,6 +69,27 @@ def test_four_cpu_processes_on_two_cores_for_a_small_model_is_no_go():
 
 
 @pytest.mark.timeout(120)
+def test_loop_cost_is_measured_once_per_rank_count_and_priced_into_every_plan():
+    requested = Plan(devices=4, accelerator="cpu", batch_size=32)
+    asked: list[int] = []
+
+    def loop_seconds_for(plan: Plan) -> float:
+        asked.append(plan.devices)
+        return 1e-3 * plan.devices
+
+    def link_for(plan: Plan) -> LinkModel:
+        return GLOO_4_ON_2_CORES
+
+    bare = run_preflight(requested, cpu_probe_for, link_for, 8 * GIB, cpu_cores=2)
+    looped = run_preflight(requested, cpu_probe_for, link_for, 8 * GIB, cpu_cores=2, loop_seconds_for=loop_seconds_for)
+    # Each rank count measured once, however many plans share it (3 ranks cannot split 4 micro-batches: not priced).
+    assert sorted(asked) == sorted({plan.devices for plan in looped.predictions}) == [1, 2, 4]
+    for plan, pred in looped.predictions.items():
+        expected = 1e-3 * plan.devices + (plan.accumulate - 1) * pred.oversubscription * 1e-3
+        assert pred.loop_seconds == pytest.approx(expected)
+        assert pred.step_seconds == pytest.approx(bare.predictions[plan].step_seconds + expected)
+
+
 def test_run_preflight_with_real_cpu_probes_reports_json_and_table():
     def probe_for(plan: Plan) -> ProbeResult:  # each rank probed with the threads it would get
         return probe_model(small_model, make_batch, batch_size=plan.batch_size, precision=plan.precision,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol, cast
 
 import lightning.pytorch as pl
 import torch
@@ -14,6 +14,14 @@ from hslite.errors import ConfigError
 
 NEXT_LEVEL = {"int8": "bf16", "bf16": "none", "fp16": "none"}  # fp16 is as lossy as bf16 for gradients
 LEVEL_BITS = {"int8": 8, "bf16": 16, "fp16": 16, "none": 32}  # logged as compression/level: bits per element sent
+
+
+class SwitchesCompression(Protocol):
+    """What the guard needs of a strategy (CompressedDDPStrategy has it): the current level and a way to change it."""
+
+    compression: str
+
+    def set_compression(self, kind: str) -> None: ...  # noqa: D102
 
 
 class CompressionGuard(Callback):
@@ -51,9 +59,9 @@ class CompressionGuard(Callback):
         self.switches: list[dict[str, Any]] = []  # one record per level change, saved in checkpoints
 
     @staticmethod
-    def _strategy(trainer: pl.Trainer) -> Any:
-        """The strategy, typed loosely: `setup` has checked that it can switch compression."""
-        return trainer.strategy
+    def _strategy(trainer: pl.Trainer) -> SwitchesCompression:
+        """The strategy as one that switches compression, which `setup` has checked."""
+        return cast(SwitchesCompression, trainer.strategy)
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Refuse a strategy that cannot switch compression."""

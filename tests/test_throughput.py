@@ -1,0 +1,32 @@
+"""fit's batch timer: a batch runs from its start to the next one's, so fetching data counts; validation does not."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+import hslite.fit as fit_module
+from hslite.fit import TrainThroughput
+
+
+def test_batch_time_includes_the_fetch_before_the_next_batch_and_not_the_gap_across_validation(monkeypatch):
+    # Epoch 0: batches start at 0, 1, 3 and the epoch ends at 6. Validation runs until 100; epoch 1: 100, 104, end 105.
+    ticks = iter([0.0, 1.0, 3.0, 6.0, 100.0, 104.0, 105.0])
+    monkeypatch.setattr(fit_module.time, "perf_counter", lambda: next(ticks))
+    logged: dict[str, float] = {}
+    module = SimpleNamespace(log_dict=lambda metrics, **_: logged.update(metrics))
+    timer = TrainThroughput()
+    batch = (torch.zeros(4, 3), torch.zeros(4))
+    for epoch, batches in ((0, 3), (1, 2)):
+        trainer = SimpleNamespace(world_size=2, current_epoch=epoch, global_step=0)
+        timer.on_train_epoch_start(trainer, module)
+        for i in range(batches):
+            timer.on_train_batch_start(trainer, module, batch, i)
+            timer.on_train_batch_end(trainer, module, None, batch, i)
+        timer.on_train_epoch_end(trainer, module)
+    monkeypatch.undo()
+
+    assert timer.batch_seconds == [1.0, 2.0, 3.0, 4.0, 1.0]  # 6 -> 100 (validation) is no batch's time
+    assert logged["perf/median_batch_seconds"] == 2.5  # the run's first batch is left out
+    assert logged["perf/train_samples"] == 5 * 4 * 2
