@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hslite.datasets.datamodule import HSIDataModule
-from hslite.datasets.preprocess import make_split
+from hslite.datasets.splits import make_split
 from hslite.errors import DataError
 
 

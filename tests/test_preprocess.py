@@ -6,17 +6,10 @@ import numpy as np
 import pytest
 from scipy.spatial import cKDTree
 
-from hslite.datasets.preprocess import (
-    BandNormalizer,
-    PCAReducer,
-    Split,
-    check_finite,
-    check_labels,
-    make_split,
-    pad_reflect,
-    select_bands,
-)
-from hslite.datasets.scenes import INDIAN_PINES_CLASS_COUNTS, get_scene_spec, load_scene
+from hslite.datasets.preprocess import BandNormalizer, PCAReducer, check_finite, check_labels, pad_reflect, select_bands
+from hslite.datasets.scene_specs import INDIAN_PINES_CLASS_COUNTS
+from hslite.datasets.scenes import get_scene_spec, load_scene
+from hslite.datasets.splits import Split, make_split
 from hslite.errors import DataError
 
 

@@ -9,10 +9,10 @@ import fixtures_data as fx
 import numpy as np
 import pytest
 
-from hslite.datasets import io as hsio
-from hslite.datasets import scenes
-from hslite.datasets.io import ensure_file, read_cube, read_labels, sha256_file, write_geotiff
-from hslite.datasets.scenes import RemoteFile, get_scene_spec, list_scenes, load_scene, load_unmixing
+from hslite.datasets import fetch, scene_specs, scenes
+from hslite.datasets.fetch import RemoteFile, ensure_file, sha256_file
+from hslite.datasets.io import read_cube, read_labels, write_geotiff
+from hslite.datasets.scenes import get_scene_spec, list_scenes, load_scene, load_unmixing
 from hslite.errors import DataError
 
 # ---------------------------------------------------------------------------------------------------------- registry
@@ -63,8 +63,8 @@ def test_synthetic_scenes_are_deterministic_fast_and_shaped_like_indian_pines():
     elapsed_seconds = time.perf_counter() - start
     assert elapsed_seconds < 2.0  # typically ~0.3 s; generous for a loaded 2-core CI machine
     assert scene.cube.shape == (145, 145, 200) and scene.cube.dtype == np.float32 and np.isfinite(scene.cube).all()
-    assert np.bincount(scene.gt.ravel())[1:].tolist() == list(scenes.INDIAN_PINES_CLASS_COUNTS)
-    assert scene.class_names == list(scenes.INDIAN_PINES_CLASSES)
+    assert np.bincount(scene.gt.ravel())[1:].tolist() == list(scene_specs.INDIAN_PINES_CLASS_COUNTS)
+    assert scene.class_names == list(scene_specs.INDIAN_PINES_CLASSES)
     np.testing.assert_array_equal(load_scene("synthetic_indian_pines", seed=0).cube, scene.cube)
     assert not np.array_equal(load_scene("synthetic_indian_pines", seed=1).gt, scene.gt)
 
@@ -72,7 +72,7 @@ def test_synthetic_scenes_are_deterministic_fast_and_shaped_like_indian_pines():
 def test_synthetic_tiny_is_learnable_but_not_trivial(tiny_scene):
     from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
 
-    from hslite.datasets.preprocess import make_split
+    from hslite.datasets.splits import make_split
 
     split = make_split(tiny_scene.gt, "stratified", train_fraction=0.3, val_fraction=0.1, seed=0)
     features = tiny_scene.cube.reshape(-1, tiny_scene.num_bands)
@@ -228,7 +228,7 @@ def test_download_verifies_and_caches_checksum(tmp_path, monkeypatch):
     assert path.read_bytes() == source.read_bytes()
     assert sorted(p.name for p in folder.iterdir()) == ["fetched.mat", "fetched.mat.sha256"]
     hashed = []
-    monkeypatch.setattr(hsio, "sha256_file", lambda p: hashed.append(p) or "0" * 64)
+    monkeypatch.setattr(fetch, "sha256_file", lambda p: hashed.append(p) or "0" * 64)
     ensure_file(remote, folder, download=False)  # sidecar matches size+mtime: no re-hash
     assert hashed == []
 
@@ -263,7 +263,7 @@ def test_interrupted_download_is_atomic_and_offline_message(tmp_path, monkeypatc
                 raise ConnectionResetError("connection reset by peer")
             return b"partial bytes"
 
-    monkeypatch.setattr(hsio.urllib.request, "urlopen", Broken)
+    monkeypatch.setattr(fetch.urllib.request, "urlopen", Broken)
     folder = tmp_path / "cache"
     with pytest.raises(DataError, match="Could not download fetched.mat.*offline.*put it at"):
         ensure_file(_remote_for(source), folder, download=True)

@@ -14,18 +14,11 @@ import lightning
 import numpy as np
 from torch.utils.data import DataLoader
 
-from hslite.datasets.io import ensure_file
+from hslite.datasets.fetch import ensure_file
 from hslite.datasets.patches import PatchDataset, PatchGatherer, collate_patches
-from hslite.datasets.preprocess import (
-    BandNormalizer,
-    PCAReducer,
-    Split,
-    check_finite,
-    make_split,
-    pad_reflect,
-    select_bands,
-)
+from hslite.datasets.preprocess import BandNormalizer, PCAReducer, check_finite, pad_reflect, select_bands
 from hslite.datasets.scenes import Scene, get_scene_spec, is_synthetic, load_scene, scene_folder
+from hslite.datasets.splits import Split, make_split
 from hslite.errors import DataError
 
 

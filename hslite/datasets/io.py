@@ -1,36 +1,25 @@
-"""Read scene files (.mat, ENVI, ERDAS, GeoTIFF, .npy), fetch and verify them, and write label GeoTIFFs.
+"""Read scene files (.mat, ENVI, ERDAS, GeoTIFF, .npy) and write label GeoTIFFs.
 
 Every failure a user can cause (missing, truncated or unexpected file) becomes a `DataError` that names the file and
-says what to do. Cubes come back as (rows, cols, bands) float32 whatever the layout on disk.
+says what to do. Cubes come back as (rows, cols, bands) float32 whatever the layout on disk. Fetching and verifying
+files is `fetch`'s job.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import logging
 import os
 import tempfile
-import urllib.error
-import urllib.request
 import warnings
 import zlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from hslite.errors import DataError
 
-if TYPE_CHECKING:
-    from hslite.datasets.scenes import RemoteFile
-
-log = logging.getLogger(__name__)
-
 _TIFF_SUFFIXES = (".tif", ".tiff")
 _SPECTRAL_SUFFIXES = (".gis", ".lan")  # ERDAS 7.4 files that spectral.open_image understands
-_HASH_CHUNK_BYTES = 1 << 20
-_DOWNLOAD_TIMEOUT_SECONDS = 60
 
 
 # ----------------------------------------------------------------------------------------------------------- readers
@@ -195,126 +184,6 @@ def _open_spectral(path: Path) -> Any:
 def _require_file(path: Path) -> None:
     if not path.is_file():
         raise DataError(f"{path} does not exist. Put the file there, or point data.root at the folder that holds it.")
-
-
-# ------------------------------------------------------------------------------------------------- fetch and verify
-def ensure_file(remote: RemoteFile, folder: Path, download: bool) -> Path:
-    """Return the path of `remote` inside `folder`, downloading it when missing and allowed; verify its sha256.
-
-    A verified checksum is cached in `<file>.sha256` keyed on size and mtime, so big files are hashed once. Downloads
-    go to a temporary file in the same folder and are moved into place only after they verify (atomic).
-    """
-    folder = Path(folder)
-    path = folder / remote.name
-    if path.is_file():
-        _verify(path, remote)
-        return path
-    where = f"put it at {path}, or point data.root at a folder that holds {folder.name}/{remote.name}"
-    if remote.url is None:
-        raise DataError(
-            f"{remote.name} is missing and has no public download URL; obtain it as described in data/README.md and "
-            f"{where}."
-        )
-    if not download:
-        raise DataError(
-            f"{remote.name} is missing. Download it from {remote.url} and {where}; or set data.download=true "
-            "(download=True) to fetch it automatically."
-        )
-    _download(remote, path)
-    return path
-
-
-def _verify(path: Path, remote: RemoteFile) -> None:
-    size_bytes = path.stat().st_size
-    fix = f"Delete it and download it again from {remote.url}" if remote.url else "Replace it with a good copy"
-    if remote.size_bytes is not None and size_bytes != remote.size_bytes:
-        raise DataError(
-            f"{path} is {size_bytes} bytes but {remote.name} should be {remote.size_bytes} bytes; it is truncated or "
-            f"a different file. {fix}."
-        )
-    if remote.sha256 is None:
-        return
-    digest = _cached_sha256(path) or _hash_and_cache(path)
-    if digest != remote.sha256:
-        raise DataError(
-            f"{path} has sha256 {digest} but {remote.name} should have {remote.sha256}; the file is corrupt or a "
-            f"different version. {fix}."
-        )
-
-
-def _sidecar(path: Path) -> Path:
-    return path.with_name(path.name + ".sha256")
-
-
-def _cached_sha256(path: Path) -> str | None:
-    try:
-        cached = json.loads(_sidecar(path).read_text())
-    except (OSError, ValueError):
-        return None
-    stat = path.stat()
-    if (
-        isinstance(cached, dict)
-        and cached.get("size_bytes") == stat.st_size
-        and cached.get("mtime_ns") == stat.st_mtime_ns
-    ):
-        return cached.get("sha256")
-    return None
-
-
-def _hash_and_cache(path: Path, digest: str | None = None) -> str:
-    digest = digest or sha256_file(path)
-    stat = path.stat()
-    record = {"sha256": digest, "size_bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-    try:
-        _sidecar(path).write_text(json.dumps(record))
-    except OSError:
-        log.debug("cannot cache the checksum of %s (read-only folder?); it will be hashed again next time", path)
-    return digest
-
-
-def sha256_file(path: Path) -> str:
-    """Return the hex sha256 of a file, read in 1 MiB chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_HASH_CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _download(remote: RemoteFile, path: Path) -> None:
-    assert remote.url is not None  # ensure_file only downloads files that have a URL
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{remote.name}.", suffix=".part")
-    tmp = Path(tmp_name)
-    digest = hashlib.sha256()
-    log.info("downloading %s to %s", remote.url, path)
-    try:
-        with os.fdopen(handle, "wb") as out, urllib.request.urlopen(remote.url, timeout=_DOWNLOAD_TIMEOUT_SECONDS) as r:
-            while chunk := r.read(_HASH_CHUNK_BYTES):
-                digest.update(chunk)
-                out.write(chunk)
-        size_bytes = tmp.stat().st_size
-        if remote.size_bytes is not None and size_bytes != remote.size_bytes:
-            raise DataError(
-                f"Downloading {remote.url} gave {size_bytes} bytes, not the {remote.size_bytes} expected for "
-                f"{remote.name}; nothing was saved. Try again, or download it by hand to {path}."
-            )
-        if remote.sha256 is not None and digest.hexdigest() != remote.sha256:
-            raise DataError(
-                f"Downloading {remote.url} gave sha256 {digest.hexdigest()}, not the {remote.sha256} expected for "
-                f"{remote.name}; nothing was saved. The server may serve a different version: download it by hand, "
-                f"check it, and put it at {path}."
-            )
-        os.replace(tmp, path)
-    except (urllib.error.URLError, OSError, ValueError) as err:
-        raise DataError(
-            f"Could not download {remote.name} from {remote.url} ({err}). If this machine is offline, download it "
-            f"elsewhere and put it at {path}."
-        ) from err
-    finally:
-        tmp.unlink(missing_ok=True)
-    if remote.sha256 is not None:
-        _hash_and_cache(path, digest.hexdigest())
 
 
 # ----------------------------------------------------------------------------------------------------------- writers

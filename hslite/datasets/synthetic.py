@@ -13,7 +13,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hslite.datasets.scenes import Scene
 from hslite.errors import DataError
 
 _PIXELS_PER_FIELD = 200  # average Voronoi cell area; Indian Pines fields are a few hundred pixels
@@ -121,10 +120,11 @@ def make_synthetic_scene(
     *,
     labelled_fraction: float = 0.5,
     wavelengths_nm: Sequence[float] | None = None,
-    class_names: Sequence[str] | None = None,
-    name: str = "synthetic",
-) -> Scene:
-    """Generate a labelled scene deterministically from `seed` (same seed, same arrays).
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Generate a labelled scene deterministically from `seed` (same seed, same arrays): (cube, gt, wavelengths_nm).
+
+    The cube is (H, W, B) float32 reflectance, gt (H, W) int64 with classes 1..C and 0 unlabelled, wavelengths_nm (B,)
+    float64; `scenes.load_scene` wraps them, with the class names, into a `Scene`.
 
     `class_frequencies` are relative class sizes (default equal); `labelled_fraction` of the pixels get labels, the
     rest stay 0. `noise` is the standard deviation of additive sensor noise in reflectance units. Wavelengths default to
@@ -149,8 +149,7 @@ def make_synthetic_scene(
     cube = (pixel_mixture @ endmembers) * illumination
     cube += noise * rng.standard_normal(cube.shape)
     gt = _label_interiors(cell, margin, owner, counts)
-    names = list(class_names) if class_names is not None else [f"Class {c}" for c in range(1, num_classes + 1)]
-    return Scene(name, cube.astype(np.float32), gt, names, wavelengths)
+    return cube.astype(np.float32), gt, wavelengths
 
 
 def _label_interiors(cell: np.ndarray, margin: np.ndarray, owner: np.ndarray, counts: np.ndarray) -> np.ndarray:
