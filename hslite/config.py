@@ -135,7 +135,9 @@ def valid_keys(cls: type = Config, prefix: str = "") -> list[str]:
 
 
 def _recipe_dir() -> Path:
-    return Path(str(importlib.resources.files("hslite") / "recipes"))
+    # The top-level recipes/ folder, installed as the package hslite.recipes (pyproject's package-dir): found the same
+    # way from an editable install (setuptools' finder maps the folder) and from a wheel (the files are copied in).
+    return Path(str(importlib.resources.files("hslite.recipes")))
 
 
 def list_recipes() -> dict[str, str]:
