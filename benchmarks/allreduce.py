@@ -7,7 +7,7 @@ Each world size forks its ranks (one thread each) once; every (size, kind) is ru
 `repeats` times behind a barrier; a time is the slowest rank's median. Bytes per rank: fp32 and bf16 are ring
 all-reduce bytes (2·(N−1)/N·S), int8 is counted by the hook from the tensors it hands to its collectives. The
 "pred" columns are the pre-flight's `allreduce_seconds` on its measured link (`measure_links`, cached) for the
-bytes `costmodel.wire_bytes` puts on the wire, plus its default CPU quantise cost for int8, as `predict` composes them.
+bytes `formulas.wire_bytes` puts on the wire, plus its default CPU quantise cost for int8, as `predict` composes them.
 """
 
 import argparse
@@ -23,7 +23,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from hslite.parallel.compression import CompressionState, bf16_hook, int8_hook, wire_bytes
+from hslite.parallel.compression import CompressionState, bf16_hook, int8_hook
+from hslite.parallel.wire_format import wire_bytes
 
 MB = 2**20
 KINDS = ("fp32", "int8", "bf16")
@@ -102,7 +103,7 @@ def measure(world: int, sizes_mb: list[float], repeats: int) -> list[dict]:
 def predictor(world: int):
     """Pre-flight prediction of each kind's all-reduce seconds on this machine's measured gloo link, or None."""
     try:
-        from hslite.preflight import costmodel
+        from hslite.preflight import costmodel, formulas
         from hslite.preflight.links import measure_links
     except ImportError:
         return None, "pending: hslite.preflight.costmodel / links not available"
@@ -110,7 +111,7 @@ def predictor(world: int):
 
     def predict(size_bytes: float, kind: str) -> float:
         compression = {"fp32": "none", "int8": "int8", "bf16": "bf16"}[kind]
-        seconds = costmodel.allreduce_seconds(costmodel.wire_bytes(size_bytes, compression), world, link)
+        seconds = formulas.allreduce_seconds(formulas.wire_bytes(size_bytes, compression), world, link)
         if kind == "int8":
             seconds += costmodel.DEFAULT_COMPRESS_SECONDS_PER_BYTE["cpu"] * size_bytes
         return seconds

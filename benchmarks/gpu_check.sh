@@ -155,6 +155,8 @@ rows = []
 for path in sorted(Path(sys.argv[1], "runs").glob("*/*/*/preflight.json")):
     report = json.loads(path.read_text())
     plan, measured = report["requested_plan"], report["measured"]
+    if measured is None:  # the plan changed mid-run (a compression guard relaxed it): no like-for-like pair
+        continue
     rows.append((report["requested"], measured["predicted_step_seconds"], measured["step_seconds"],
                  measured["relative_error"], report["efficiency"], report["go"],
                  measured["samples_per_second"] / plan["devices"]))

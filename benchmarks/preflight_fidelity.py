@@ -174,11 +174,11 @@ class Bench:
 
     def loop_milliseconds(self, ranks: list[int]) -> str:
         """The training loop's cost per synchronised micro-step the pre-flight measured (and cached) for each count."""
+        from hslite.datasets.scenes import get_scene_spec
+        from hslite.parallel.loop_cost import measure_step_overhead
         from hslite.parallel.plan import Plan
-        from hslite.preflight.check import input_shape
-        from hslite.preflight.overhead import measure_step_overhead
 
-        classes = input_shape(self._config(RECIPE_FOR_DEVICES[1], []))[2]
+        classes = len(get_scene_spec(self._config(RECIPE_FOR_DEVICES[1], []).data.scene).class_names)
         return ", ".join(f"{n} rank(s) {1e3 * measure_step_overhead(Plan(devices=n), classes):.1f} ms" for n in ranks)
 
     def measure(self, recipe: str, overrides: list[str], key: tuple[str, ...]) -> tuple[float, float]:
@@ -193,11 +193,11 @@ class Bench:
 
     def run(self, case: Case) -> list[Row]:
         """The case's row, preceded by a reference row when its best single plan was not measured yet."""
-        from hslite.preflight.check import preflight_check
+        from hslite.gate import check_recipe
 
         recipe = RECIPE_FOR_DEVICES[case.devices]
         with _quiet(self.log_path):
-            verdict = preflight_check(self._config(recipe, case.overrides(), fresh=self.fresh))
+            verdict = check_recipe(self._config(recipe, case.overrides(), fresh=self.fresh))
         model_key = (case.model, case.size, str(case.patch_size))
         rows = []
         best = verdict.best_single

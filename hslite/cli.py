@@ -2,7 +2,7 @@
 
     hslite fit                                   # the embedded quickstart recipe: synthetic scene, CPU, ~1 minute
     hslite fit recipe=salinas_a_1gpu data.root=../shared/data train.max_epochs=30
-    hslite preflight recipe=indian_pines_8gpu preflight.topology=nvlink_8   # exit 0 GO, 3 NO-GO, 2 usage error
+    hslite preflight recipe=quickstart_cpu4      # exit 0 GO, 3 NO-GO, 4 undecided here, 2 usage error
     hslite recipes                               # list recipes
     hslite models                                # list models
     hslite data list | info SCENE | fetch SCENE [data.root=DIR]
@@ -38,10 +38,10 @@ def _cmd_preflight(args: argparse.Namespace) -> int:
     from hslite.config import load_config
 
     cfg = load_config(None, args.overrides)
-    from hslite.preflight.check import preflight_check
+    from hslite.gate import check_recipe
     from hslite.preflight.report import print_verdict
 
-    verdict = preflight_check(cfg)
+    verdict = check_recipe(cfg)
     if args.json:
         print(json.dumps(verdict.to_dict(), indent=2, default=str))
     else:

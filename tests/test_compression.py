@@ -23,9 +23,8 @@ from hslite.parallel.compression import (
     fp32_hook,
     int8_hook,
     make_hook,
-    shard_layout,
-    wire_bytes,
 )
+from hslite.parallel.wire_format import shard_layout, wire_bytes
 
 SCRIPTS = Path(__file__).parent / "_dist_scripts"
 

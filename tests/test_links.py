@@ -9,7 +9,9 @@ import pytest
 
 from hslite.errors import ConfigError, HSLiteError
 from hslite.parallel.plan import Plan
-from hslite.preflight.links import LinkModel, fit_link, list_topologies, load_topology, measure_links
+from hslite.preflight.links import fit_link, measure_links
+from hslite.preflight.measurements import LinkModel
+from hslite.preflight.topology import list_topologies, load_topology
 
 FIGURES = ("intra_gbps", "inter_gbps", "intra_latency_us", "inter_latency_us", "device_memory_gib")
 

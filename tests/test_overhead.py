@@ -6,8 +6,8 @@ import math
 
 import pytest
 
+from hslite.parallel.loop_cost import measure_step_overhead
 from hslite.parallel.plan import Plan
-from hslite.preflight.overhead import measure_step_overhead
 
 
 @pytest.fixture

@@ -11,7 +11,8 @@ from torch import nn
 from hslite.errors import ConfigError
 from hslite.parallel.plan import Plan, threads_per_process
 from hslite.preflight import probe as probe_module
-from hslite.preflight.probe import ProbeResult, probe_model
+from hslite.preflight.measurements import ProbeResult
+from hslite.preflight.probe import probe_model
 
 D, H, C = 16, 32, 5
 

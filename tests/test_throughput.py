@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import torch
 
 import hslite.fit as fit_module
-from hslite.fit import TrainThroughput
+from hslite.parallel.timing import TrainThroughput
 
 
 def test_batch_time_includes_the_fetch_before_the_next_batch_and_not_the_gap_across_validation(monkeypatch):

@@ -15,50 +15,12 @@ from torch import Tensor, nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from hslite.errors import ConfigError
+from hslite.parallel.wire_format import DEFAULT_CHUNK_ELEMS, KINDS, SCALE_BYTES, check_kind, shard_layout, wire_bytes
 
-KINDS = ("int8", "bf16", "fp16", "none")
-DEFAULT_CHUNK_ELEMS = 2048  # one fp32 scale per 2048 int8 values: 0.2 % of the payload
-_SCALE_BYTES = 4  # scales travel as fp32
-_ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "none": 4}
 # Smallest normal fp32: dividing by it instead of a zero scale keeps an all-zero chunk's codes at 0 rather than NaN.
 _TINY = torch.finfo(torch.float32).tiny
 
 Hook = Callable[["CompressionState", dist.GradBucket], torch.futures.Future[Tensor]]
-
-
-def check_kind(kind: str) -> str:
-    """Return kind when it names a compression, else raise ConfigError listing the valid ones."""
-    if kind not in KINDS:
-        raise ConfigError(f"unknown gradient compression {kind!r}; use one of {', '.join(KINDS)}.")
-    return kind
-
-
-def shard_layout(numel: int, world_size: int, chunk_elems: int) -> tuple[int, int, int]:
-    """How int8 splits a bucket: (elements per rank's shard, elements per scale chunk, chunks per shard).
-
-    The bucket is zero-padded to world_size × shard elements. Chunks are balanced (each ≤ chunk_elems) rather than
-    fixed at chunk_elems, so padding stays below world_size × chunks elements and a small bucket is not padded up to
-    world_size × chunk_elems, which would cost more bytes than the fp32 all-reduce it replaces.
-    """
-    per_rank = -(-numel // world_size)
-    chunks = max(1, -(-per_rank // chunk_elems))
-    chunk = -(-per_rank // chunks)
-    return chunks * chunk, chunk, chunks
-
-
-def wire_bytes(numel: int, world_size: int, kind: str = "int8", chunk_elems: int = DEFAULT_CHUNK_ELEMS) -> int:
-    """Bytes one rank sends to all-reduce a bucket of numel gradient elements with this compression kind.
-
-    int8: an all-to-all and an all-gather of (shard int8 values + their fp32 scales), each sending (N−1) messages,
-    about 2·(N−1)/N·S/4 for S fp32 bytes. bf16, fp16, none: ring all-reduce, 2·(N−1) chunks of numel/N elements.
-    """
-    check_kind(kind)
-    if world_size <= 1 or numel == 0:
-        return 0
-    if kind == "int8":
-        shard, _, chunks = shard_layout(numel, world_size, chunk_elems)
-        return 2 * (world_size - 1) * (shard + _SCALE_BYTES * chunks)
-    return 2 * (world_size - 1) * -(-numel // world_size) * _ELEMENT_BYTES[kind]
 
 
 class CompressionState:
@@ -214,7 +176,7 @@ def _pack(codes: Tensor, scales: Tensor) -> Tensor:
     """Messages of int8 codes followed by their fp32 scales as raw bytes, one row per destination rank."""
     # Codes and scales share one message, so a bucket costs two collectives (all-to-all, all-gather), not four.
     rows, shard = codes.shape
-    message = torch.empty(rows, shard + _SCALE_BYTES * scales.shape[1], dtype=torch.int8, device=codes.device)
+    message = torch.empty(rows, shard + SCALE_BYTES * scales.shape[1], dtype=torch.int8, device=codes.device)
     message[:, :shard].copy_(codes)
     message[:, shard:].copy_(scales.contiguous().view(torch.int8))
     return message

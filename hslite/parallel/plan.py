@@ -1,23 +1,29 @@
 """The Plan: how one run is laid out over devices, validated before any process group exists.
 
-A Plan is the single description of a layout that the pre-flight check prices and that `to_trainer_kwargs` turns into
-Lightning Trainer arguments; nothing else in hslite decides devices, precision or strategy.
+A Plan is the single description of a layout that the pre-flight check prices and that `trainer_kwargs` turns into
+Lightning Trainer arguments; nothing else in hslite decides devices, precision or strategy. Plans are built from
+plain arguments (`hslite.build.plan_from_config` reads a recipe into one), so this package never sees a Config.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hslite.errors import ConfigError
-
-if TYPE_CHECKING:
-    from hslite.config import Config
 
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
 COMPRESSIONS = ("none", "int8", "bf16", "fp16")
 CPU_PROCESSES_PER_CORE = 2  # gloo ranks a fit may start per core: enough to measure sharing, not to thrash
+# Plan fields the pre-flight can price but `trainer_kwargs` does not apply yet. A plan that sets one is refused
+# before anything runs and is never proposed, so what is priced is always what runs. An entry goes when the
+# feature is built (channel groups and rotation: parallel/channel_groups.py, rotation.py; FSDP: parallel/fsdp.py).
+NOT_YET_APPLIED = {
+    "chag": "channel groups (parallel.chag > 1)",
+    "rotation_groups": "channel-subset rotation (parallel.rotation_groups > 0)",
+    "fsdp": "FSDP sharding (parallel.fsdp=true)",
+}
 
 
 @dataclass(frozen=True)
@@ -98,6 +104,38 @@ class Plan:
             raise ConfigError("invalid parallel plan: " + "; ".join(problems) + ".")
         return self
 
+    @property
+    def unapplied(self) -> list[str]:
+        """The features this plan asks for that training cannot run yet (see NOT_YET_APPLIED)."""
+        asked = {"chag": self.chag_enabled, "rotation_groups": self.rotation_enabled, "fsdp": self.fsdp}
+        return [NOT_YET_APPLIED[name] for name, on in asked.items() if on and name in NOT_YET_APPLIED]
+
+    @property
+    def runnable(self) -> bool:
+        """Whether `trainer_kwargs` applies every field of this plan on one box."""
+        return self.num_nodes == 1 and not self.unapplied
+
+    def check_applied(self) -> Plan:
+        """Raise ConfigError when the plan asks for a feature that training cannot run yet; return self otherwise."""
+        if self.unapplied:
+            raise ConfigError(
+                f"{' and '.join(self.unapplied)} {'is' if len(self.unapplied) == 1 else 'are'} not available yet: "
+                "hslite can price it in the pre-flight model but does not run it, and it never trains a plan other "
+                "than the one it priced. Leave the option at its default to train with data parallelism."
+            )
+        return self
+
+    def single_device(self) -> Plan:
+        """The same per-device batch and precision on one device: how evaluation and prediction run."""
+        return Plan(accelerator=self.accelerator, batch_size=self.batch_size, precision=self.precision)
+
+    def overrides(self) -> str:
+        """The `key=value` overrides that ask `hslite fit` for this plan (the fields that set the layout)."""
+        return (
+            f"parallel.devices={self.devices} data.batch_size={self.batch_size} parallel.accumulate={self.accumulate} "
+            f"parallel.precision={self.precision} parallel.compression={self.compression}"
+        )
+
     def describe(self) -> str:
         """Short human label, e.g. '4×cpu dp4 b64 acc1 32-true'."""
         parts = [f"{self.world_size}×{self.accelerator}", f"dp{self.dp}"]
@@ -148,37 +186,23 @@ def resolve_accelerator(accelerator: str) -> str:
     return accelerator
 
 
-def plan_from_config(cfg: Config, check_visible: bool = True) -> Plan:
-    """The validated Plan a recipe asks for; with check_visible, refuse more devices than this box has."""
-    p = cfg.parallel
-    plan = Plan(
-        devices=p.devices,
-        num_nodes=p.num_nodes,
-        accelerator=resolve_accelerator(p.accelerator),
-        batch_size=cfg.data.batch_size,
-        accumulate=p.accumulate,
-        precision=p.precision,
-        compression=p.compression,
-        chag=p.chag,
-        rotation_groups=p.rotation_groups,
-        fsdp=p.fsdp,
-    ).validate()
-    if check_visible:
-        if plan.num_nodes > 1:
-            raise ConfigError(
-                f"this run asks for {plan.num_nodes} nodes; hslite trains on one box. Price it with "
-                f"`hslite preflight` and a topology profile (preflight.topology=...), or set parallel.num_nodes=1."
-            )
-        have = visible_devices(plan.accelerator)
-        if plan.accelerator == "cpu":
-            have *= CPU_PROCESSES_PER_CORE
-        if plan.devices > have:
-            kind = "GPUs" if plan.accelerator == "gpu" else f"CPU processes ({CPU_PROCESSES_PER_CORE} per core)"
-            raise ConfigError(
-                f"parallel.devices={plan.devices} but this box has {have} {kind} visible. "
-                f"Set parallel.devices≤{max(have, 1)}"
-                + (" or parallel.accelerator=cpu to run on CPU processes." if plan.accelerator == "gpu" else ".")
-            )
+def check_visible(plan: Plan) -> Plan:
+    """Refuse a plan this box cannot start: other nodes, or more devices than it has; return the plan otherwise."""
+    if plan.num_nodes > 1:
+        raise ConfigError(
+            f"this run asks for {plan.num_nodes} nodes; hslite trains on one box. Price it with "
+            f"`hslite preflight` and a topology profile (preflight.topology=...), or set parallel.num_nodes=1."
+        )
+    have = visible_devices(plan.accelerator)
+    if plan.accelerator == "cpu":
+        have *= CPU_PROCESSES_PER_CORE
+    if plan.devices > have:
+        kind = "GPUs" if plan.accelerator == "gpu" else f"CPU processes ({CPU_PROCESSES_PER_CORE} per core)"
+        raise ConfigError(
+            f"parallel.devices={plan.devices} but this box has {have} {kind} visible. "
+            f"Set parallel.devices≤{max(have, 1)}"
+            + (" or parallel.accelerator=cpu to run on CPU processes." if plan.accelerator == "gpu" else ".")
+        )
     return plan
 
 

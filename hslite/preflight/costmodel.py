@@ -1,8 +1,7 @@
-"""Predicted step time and memory of a Plan, from one device's probe and a link model (formulas: DESIGN §3).
+"""Predicted step time and memory of a Plan, from one device's probe and a link model (DESIGN §3).
 
-A handful of small analytic functions with units in their names; `predict` composes them. Each formula names its
-source. `ring_factor_exact=False` switches to the seeds' simplification (2(N−1)/N → 2, one latency per
-collective, i.e. T_comm ≈ alpha + 2·S/BW as in DESIGN §3's P* line), which is what the reference cases assume.
+`predict` composes the analytic formulas of `formulas.py` with the probe's measured times and sizes; memory and
+communication are shared with the what-if pricing of absent devices (`whatif.py`). Torch-free.
 """
 
 from __future__ import annotations
@@ -12,15 +11,11 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from hslite.errors import ConfigError
-from hslite.parallel.compression import DEFAULT_CHUNK_ELEMS  # int8 values per fp32 scale in the int8 hook
+from hslite.preflight.formulas import allgather_seconds, allreduce_seconds, reduce_scatter_seconds, wire_bytes
 
 if TYPE_CHECKING:
     from hslite.parallel.plan import Plan
-    from hslite.preflight.links import LinkModel
-    from hslite.preflight.probe import ProbeResult
+    from hslite.preflight.measurements import Footprint, LinkModel, ProbeResult
 
 # torch DDP's default bucket_cap_mb=25: the last bucket to fill is reduced after backward, so it never overlaps.
 DDP_BUCKET_CAP_BYTES = 25 * 2**20
@@ -28,92 +23,6 @@ DDP_BUCKET_CAP_BYTES = 25 * 2**20
 # cpu: measured 2.5-3.8e-9 with one thread on an 8 MB buffer (2-core AVX2 CPU, torch 2.13, probe's
 # measure_compression). gpu: estimate, ~8 passes over the buffer at ~2 TB/s of HBM; measure it when it matters.
 DEFAULT_COMPRESS_SECONDS_PER_BYTE = {"cpu": 3e-9, "gpu": 1e-11}
-WIRE_BYTES_PER_GRAD_BYTE = {"none": 1.0, "int8": 0.25, "bf16": 0.5, "fp16": 0.5}
-
-
-def _ring_seconds(phases: int, total_bytes: float, world_size: int, link: LinkModel, exact: bool) -> float:
-    # Ring collectives (Thakur, Rabenseifner & Gropp 2005; Patarasuk & Yuan 2009): each phase is N−1 steps of
-    # S/N bytes. All-gather and reduce-scatter are one phase, all-reduce is both.
-    if world_size <= 1 or total_bytes <= 0:
-        return 0.0
-    n, bw = world_size, link.bandwidth_bytes_per_second
-    if not exact:  # seeds' bound: latency once, (N−1)/N → 1
-        return link.alpha_seconds + phases * total_bytes / bw
-    return phases * (n - 1) * link.alpha_seconds + phases * (n - 1) / n * total_bytes / bw
-
-
-def allreduce_seconds(grad_bytes: float, world_size: int, link: LinkModel, *, ring_factor_exact: bool = True) -> float:
-    """Ring all-reduce: 2(N−1)·alpha + 2(N−1)/N·S/BW (DESIGN §3)."""
-    return _ring_seconds(2, grad_bytes, world_size, link, ring_factor_exact)
-
-
-def allgather_seconds(total_bytes: float, world_size: int, link: LinkModel, *, ring_factor_exact: bool = True) -> float:
-    """Ring all-gather of a `total_bytes` result: (N−1)·alpha + (N−1)/N·S/BW."""
-    return _ring_seconds(1, total_bytes, world_size, link, ring_factor_exact)
-
-
-def reduce_scatter_seconds(
-    total_bytes: float, world_size: int, link: LinkModel, *, ring_factor_exact: bool = True
-) -> float:
-    """Ring reduce-scatter of a `total_bytes` input: (N−1)·alpha + (N−1)/N·S/BW."""
-    return _ring_seconds(1, total_bytes, world_size, link, ring_factor_exact)
-
-
-def wire_bytes(grad_bytes: float, compression: str) -> float:
-    """Bytes all-reduced per step: S, S/2 for bf16/fp16, S/4 plus one fp32 scale per chunk for int8 (DESIGN §3)."""
-    if compression not in WIRE_BYTES_PER_GRAD_BYTE:
-        raise ConfigError(f"compression must be one of {', '.join(WIRE_BYTES_PER_GRAD_BYTE)}, got {compression!r}.")
-    scales_bytes = 4 * math.ceil(grad_bytes / 4 / DEFAULT_CHUNK_ELEMS) if compression == "int8" else 0
-    return grad_bytes * WIRE_BYTES_PER_GRAD_BYTE[compression] + scales_bytes
-
-
-def ddp_step_seconds(
-    forward_seconds: float,
-    backward_seconds: float,
-    optimizer_seconds: float,
-    allreduce_seconds: float,
-    overlap: float = 0.0,
-    accumulate: int = 1,
-) -> float:
-    """Per optimiser step: G·(T_f + T_b) + T_opt + max(0, T_ar − o·T_b); one all-reduce per G micro-steps (§3)."""
-    exposed_seconds = max(0.0, allreduce_seconds - overlap * backward_seconds)
-    return accumulate * (forward_seconds + backward_seconds) + optimizer_seconds + exposed_seconds
-
-
-def fit_compute_model(batch_sizes: list[int], seconds: list[float]) -> tuple[float, float]:
-    """Least-squares c0, c1 of T_c(b) ≈ c0 + c1·b (DESIGN §3) from ≥ 2 batch sizes; both clipped at ≥ 0."""
-    if len(set(batch_sizes)) < 2:
-        raise ConfigError(f"the compute model needs ≥ 2 distinct batch sizes, got {sorted(set(batch_sizes))}.")
-    b, t = np.asarray(batch_sizes, dtype=float), np.asarray(seconds, dtype=float)
-    c0, c1 = np.linalg.lstsq(np.stack([np.ones_like(b), b], 1), t, rcond=None)[0]
-    if c1 < 0:  # timing noise larger than the batch effect: the step time is all fixed cost
-        return float(t.mean()), 0.0
-    if c0 < 0:  # no measurable fixed cost: a line through the origin
-        return 0.0, float(b @ t / (b @ b))
-    return float(c0), float(c1)
-
-
-def critical_params(
-    c0_seconds: float,
-    c1_seconds_per_param_sample: float,
-    batch_size: int,
-    link: LinkModel,
-    *,
-    r_target: float = 1.0,
-    grad_element_bytes: int = 4,
-) -> float | None:
-    """P* = (alpha − r*·c0) / (r*·c1·b − 2·b_g/BW): DP reaches r ≤ r* from P* parameters up (DESIGN §3).
-
-    From T_c ≈ c0 + c1·P·b and T_comm ≈ alpha + 2·P·b_g/BW. c1 here is per parameter and sample: a probe's
-    `compute_c1_seconds_per_sample / param_count`. None when the denominator is ≤ 0: DP never pays on that link.
-    Clipped at 0 when any size pays.
-    """
-    denominator = r_target * c1_seconds_per_param_sample * batch_size - 2 * grad_element_bytes / (
-        link.bandwidth_bytes_per_second
-    )
-    if denominator <= 0:
-        return None
-    return max(0.0, (link.alpha_seconds - r_target * c0_seconds) / denominator)
 
 
 @dataclass
@@ -141,7 +50,7 @@ class Prediction:
         return asdict(self)
 
 
-def memory_breakdown_bytes(plan: Plan, probe: ProbeResult) -> dict[str, int]:
+def memory_breakdown_bytes(plan: Plan, probe: Footprint) -> dict[str, int]:
     """Per-rank peak terms (DESIGN §3 memory): params, grads, optimiser (÷ dp under FSDP), activations, workspace."""
     shards = plan.dp if plan.fsdp else 1
     activation_factor = _tokenizer_factor(plan, probe, probe.tokenizer_activation_fraction, plan.chag)
@@ -155,7 +64,7 @@ def memory_breakdown_bytes(plan: Plan, probe: ProbeResult) -> dict[str, int]:
     }
 
 
-def _tokenizer_factor(plan: Plan, probe: ProbeResult, fraction: float | None, chag: int) -> float:
+def _tokenizer_factor(plan: Plan, probe: Footprint, fraction: float | None, chag: int) -> float:
     # Channel groups divide the tokenizer's work by chag; rotation keeps k of G groups (DESIGN §3).
     if fraction is None:
         return 1.0
@@ -214,31 +123,13 @@ def predict(
     shards = plan.dp if plan.fsdp else 1
     compute_seconds, backward_seconds = (oversubscription * s for s in _compute_seconds(plan, probe, plan.chag, shards))
 
-    exposed_seconds = 0.0
-    if plan.dp > 1 and plan.fsdp:  # all-gather params in forward and backward, reduce-scatter grads (§3)
-        exposed_seconds = (
-            plan.accumulate
-            * 2
-            * allgather_seconds(probe.param_bytes, plan.dp, link, ring_factor_exact=ring_factor_exact)
-        )
-        exposed_seconds += reduce_scatter_seconds(probe.grad_bytes, plan.dp, link, ring_factor_exact=ring_factor_exact)
-        exposed_seconds = max(0.0, exposed_seconds - link.overlap * backward_seconds)
-        notes.append("FSDP: the transiently gathered parameters of one wrapped unit are not counted in memory")
-    elif plan.dp > 1:
-        on_wire_bytes = wire_bytes(probe.grad_bytes, plan.compression)
-        seconds = allreduce_seconds(on_wire_bytes, plan.dp, link, ring_factor_exact=ring_factor_exact)
-        overlap = link.overlap * max(0.0, 1.0 - DDP_BUCKET_CAP_BYTES / max(probe.grad_bytes, 1))
-        exposed_seconds = max(0.0, seconds - overlap * backward_seconds)
-        if plan.compression == "int8":
-            per_byte = probe.compress_seconds_per_byte
-            if per_byte is None:
-                per_byte = DEFAULT_COMPRESS_SECONDS_PER_BYTE[plan.accelerator]
-                notes.append(f"int8 quantise cost not measured: {plan.accelerator} default {per_byte:.0e} s/byte used")
-            exposed_seconds += per_byte * probe.grad_bytes
-        elif plan.compression_enabled:
-            notes.append(f"{plan.compression} cast cost not priced")
-    if plan.chag_enabled:
-        exposed_seconds += _chag_seconds(plan, probe, chag_link or link, ring_factor_exact, notes)
+    exposed_seconds = comm_seconds(plan, probe, link, chag_link, backward_seconds, ring_factor_exact, notes)
+    if plan.dp > 1 and plan.compression == "int8":
+        per_byte = probe.compress_seconds_per_byte
+        if per_byte is None:
+            per_byte = DEFAULT_COMPRESS_SECONDS_PER_BYTE[plan.accelerator]
+            notes.append(f"int8 quantise cost not measured: {plan.accelerator} default {per_byte:.0e} s/byte used")
+        exposed_seconds += per_byte * probe.grad_bytes
     if plan.rotation_enabled and (probe.chag_fraction is None or not probe.band_groups):
         notes.append("rotation not priced: the probe did not measure the tokenizer share or band groups")
 
@@ -252,7 +143,7 @@ def predict(
     speedup = samples_per_second / (plan.batch_size * plan.accumulate / alone_seconds)
     breakdown = memory_breakdown_bytes(plan, probe)
     peak_bytes = sum(breakdown.values())
-    budget_bytes = device_memory_bytes // plan.devices if plan.accelerator == "cpu" else device_memory_bytes
+    budget_bytes = memory_budget_bytes(plan, device_memory_bytes)
     return Prediction(
         step_seconds=step_seconds,
         compute_seconds=compute_seconds,
@@ -272,7 +163,43 @@ def predict(
     )
 
 
-def _chag_seconds(plan: Plan, probe: ProbeResult, link: LinkModel, exact: bool, notes: list[str]) -> float:
+def memory_budget_bytes(plan: Plan, device_memory_bytes: int) -> int:
+    """What one rank may use: CPU ranks share the host's memory; a GPU rank has its device to itself."""
+    return device_memory_bytes // plan.devices if plan.accelerator == "cpu" else device_memory_bytes
+
+
+def comm_seconds(
+    plan: Plan,
+    sizes: Footprint,
+    link: LinkModel,
+    chag_link: LinkModel | None,
+    backward_seconds: float,
+    exact: bool,
+    notes: list[str],
+) -> float:
+    """Communication per optimiser step not hidden under `backward_seconds` (0 gives the no-overlap bound)."""
+    exposed_seconds = 0.0
+    if plan.dp > 1 and plan.fsdp:  # all-gather params in forward and backward, reduce-scatter grads (§3)
+        exposed_seconds = (
+            plan.accumulate * 2 * allgather_seconds(sizes.param_bytes, plan.dp, link, ring_factor_exact=exact)
+        )
+        exposed_seconds += reduce_scatter_seconds(sizes.grad_bytes, plan.dp, link, ring_factor_exact=exact)
+        exposed_seconds = max(0.0, exposed_seconds - link.overlap * backward_seconds)
+        notes.append("FSDP: the transiently gathered parameters of one wrapped unit are not counted in memory")
+    elif plan.dp > 1:
+        seconds = allreduce_seconds(
+            wire_bytes(sizes.grad_bytes, plan.compression), plan.dp, link, ring_factor_exact=exact
+        )
+        overlap = link.overlap * max(0.0, 1.0 - DDP_BUCKET_CAP_BYTES / max(sizes.grad_bytes, 1))
+        exposed_seconds = max(0.0, seconds - overlap * backward_seconds)
+        if plan.compression in ("bf16", "fp16"):
+            notes.append(f"{plan.compression} cast cost not priced")
+    if plan.chag_enabled:
+        exposed_seconds += _chag_seconds(plan, sizes, chag_link or link, exact, notes)
+    return exposed_seconds
+
+
+def _chag_seconds(plan: Plan, probe: Footprint, link: LinkModel, exact: bool, notes: list[str]) -> float:
     # All-gather of the b × G × D group tokens forward, reduce-scatter of their gradient backward, per micro-step.
     if probe.group_token_bytes_per_sample is None:
         notes.append("channel-group traffic not priced: the probe did not measure the group token size")

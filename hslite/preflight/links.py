@@ -2,20 +2,17 @@
 
 `measure_links` spawns the ranks, times all_reduce at several sizes and fits DESIGN §3's ring formula; it also
 measures how much of DDP's all-reduce hides under backward (overlap o). `load_topology` reads a YAML profile for
-devices and nodes that are not visible here (multi-node plans are priced, never launched).
+devices and nodes that are not visible here (`topology.py`; multi-node plans are priced, never launched).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import socket
 import statistics
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
 from datetime import timedelta
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -23,58 +20,18 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-import yaml
 from torch import nn
 
+from hslite.cache import read_cache, write_cache
 from hslite.errors import ConfigError, HSLiteError
 from hslite.parallel.plan import Plan, threads_per_process
-from hslite.preflight import read_cache, write_cache
+from hslite.preflight.measurements import LinkModel
 
 # Sizes that span latency- and bandwidth-bound all-reduces; gloo on CPU saturates by a few MiB, NCCL needs more.
 DEFAULT_SIZES_BYTES = {"gloo": (4 << 10, 64 << 10, 1 << 20, 4 << 20), "nccl": (64 << 10, 4 << 20, 64 << 20, 256 << 20)}
 MAX_SIZE_BYTES = {"gloo": 64 << 20, "nccl": 1 << 30}  # adaptive growth stops here (see _rank_main)
 WARMUP_REPEATS = 2  # the first collectives of a fresh group pay connection set-up; never timed
 OVERLAP_BUCKET_CAP_BYTES = 2 << 20  # several buckets for the synthetic model (8 MiB of gradients) so overlap can show
-# R = B_intra / B_inter below which a flat layout is kept: per-layer collectives (channel groups, FSDP) may span
-# nodes, since splitting them into intra- and inter-node phases gains little. From here up they stay inside a node
-# and only data parallelism crosses (DESIGN §3: "start at 4, calibrate").
-PER_LAYER_CROSS_NODE_MAX_RATIO = 4.0
-
-
-@dataclass
-class LinkModel:
-    """A collective's link: latency per ring step, bandwidth (nccl-tests "busbw" sense) and DDP overlap in [0, 1]."""
-
-    alpha_seconds: float
-    bandwidth_bytes_per_second: float
-    overlap: float = 0.0  # share of backward under which all-reduce can hide; 0 is the seeds' no-overlap bound
-    source: str = ""  # where the figures come from (measurement, or topology profile)
-    points: list[tuple[int, float]] = field(default_factory=list)  # (bytes, seconds) measured, if any
-
-    @classmethod
-    def no_cost(cls, source: str = "single device: no communication") -> LinkModel:
-        """The link of a one-rank group: collectives are free."""
-        return cls(0.0, math.inf, 0.0, source, [])
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain dict for JSON (infinite bandwidth is written as null)."""
-        out = asdict(self)
-        out["bandwidth_bytes_per_second"] = (
-            None if math.isinf(self.bandwidth_bytes_per_second) else out["bandwidth_bytes_per_second"]
-        )
-        return out
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> LinkModel:
-        """Inverse of `to_dict`."""
-        bw = data["bandwidth_bytes_per_second"]
-        return cls(
-            float(data["alpha_seconds"]),
-            math.inf if bw is None else float(bw),
-            float(data.get("overlap", 0.0)),
-            str(data.get("source", "")),
-            [(int(s), float(t)) for s, t in data.get("points", [])],
-        )
 
 
 def fit_link(points: list[tuple[int, float]], world_size: int) -> tuple[float, float]:
@@ -288,99 +245,3 @@ def _backward_and_wait(loss: torch.Tensor, works: list[Any]) -> None:
     loss.backward()
     while works:
         works.pop(0).wait()
-
-
-@dataclass(frozen=True)
-class Topology:
-    """A machine profile: nodes × GPUs, intra- and inter-node links, device memory, and the source of each figure."""
-
-    name: str
-    nodes: int
-    gpus_per_node: int
-    intra_gbps: float | None  # GB/s all-reduce busbw inside a node; None when nodes hold one GPU
-    inter_gbps: float | None  # GB/s busbw across nodes; None for a single node
-    intra_latency_us: float | None
-    inter_latency_us: float | None
-    device_memory_gib: float
-    source: dict[str, str]  # one citation per figure
-    overlap: float = 0.0  # DDP overlap assumed for these links; 0 is the no-overlap bound
-
-    @property
-    def device_memory_bytes(self) -> int:
-        """Memory of one device."""
-        return int(self.device_memory_gib * 2**30)
-
-    @property
-    def bandwidth_ratio(self) -> float:
-        """R = B_intra / B_inter (DESIGN §3); infinite for a single node, 1 when nodes hold one GPU (flat network)."""
-        if self.inter_gbps is None:
-            return math.inf
-        return 1.0 if self.intra_gbps is None else self.intra_gbps / self.inter_gbps
-
-    def _link(self, gbps: float | None, latency_us: float | None, where: str) -> LinkModel:
-        if gbps is None or latency_us is None:
-            raise ConfigError(f"topology {self.name!r} has no {where} link; use a profile that lists {where}_gbps.")
-        return LinkModel(latency_us * 1e-6, gbps * 1e9, self.overlap, f"topology {self.name}: {where}-node")
-
-    def _check(self, plan: Plan) -> None:
-        if plan.devices > self.gpus_per_node or plan.num_nodes > self.nodes:
-            raise ConfigError(
-                f"plan {plan.describe()} needs {plan.devices} devices × {plan.num_nodes} nodes but topology "
-                f"{self.name!r} has {self.gpus_per_node} × {self.nodes}; lower devices/num_nodes or pick another."
-            )
-
-    def link_for(self, plan: Plan) -> LinkModel:
-        """The data-parallel all-reduce link: intra-node when the plan fits in one node, else inter-node."""
-        self._check(plan)
-        if plan.dp <= 1:
-            return LinkModel.no_cost()
-        if plan.num_nodes == 1:
-            return self._link(self.intra_gbps, self.intra_latency_us, "intra")
-        return self._link(self.inter_gbps, self.inter_latency_us, "inter")
-
-    def chag_link_for(self, plan: Plan) -> LinkModel:
-        """The channel-group link: intra-node while a group fits in a node (the mapping places it there)."""
-        self._check(plan)
-        if plan.chag <= 1:
-            return LinkModel.no_cost()
-        if plan.chag <= plan.devices and plan.devices % plan.chag == 0:
-            return self._link(self.intra_gbps, self.intra_latency_us, "intra")
-        return self._link(self.inter_gbps, self.inter_latency_us, "inter")
-
-    def mapping_notes(self, plan: Plan) -> list[str]:
-        """Warnings when per-layer communication crosses nodes although the inter-node link is much slower."""
-        crosses = (plan.chag_enabled and plan.chag > plan.devices) or (plan.fsdp and plan.num_nodes > 1)
-        if not crosses or self.bandwidth_ratio < PER_LAYER_CROSS_NODE_MAX_RATIO:
-            return []
-        return [
-            f"per-layer communication ({'channel groups' if plan.chag > plan.devices else 'FSDP'}) crosses nodes on "
-            f"a link {self.bandwidth_ratio:.1f}× slower than inside a node (threshold "
-            f"{PER_LAYER_CROSS_NODE_MAX_RATIO:g}): keep it inside a node and use data parallelism across nodes"
-        ]
-
-
-def _topology_files() -> dict[str, Any]:
-    folder = resources.files("hslite.preflight") / "topologies"
-    return {f.name.removesuffix(".yaml"): f for f in folder.iterdir() if f.name.endswith(".yaml")}
-
-
-def list_topologies() -> list[str]:
-    """Names of the bundled topology profiles."""
-    return sorted(_topology_files())
-
-
-def load_topology(name: str) -> Topology:
-    """Read one bundled profile (yaml.safe_load); an unknown name raises ConfigError listing the known ones."""
-    files = _topology_files()
-    if name not in files:
-        raise ConfigError(f"unknown topology {name!r}; known profiles: {', '.join(sorted(files))}.")
-    data = yaml.safe_load(files[name].read_text())
-    figures = ("intra_gbps", "inter_gbps", "intra_latency_us", "inter_latency_us", "device_memory_gib")
-    try:
-        topology = Topology(name=name, **data)
-    except TypeError as err:
-        raise ConfigError(f"topology file {name}.yaml is malformed ({err}); expected keys {figures}.") from err
-    uncited = [f for f in figures if getattr(topology, f) is not None and f not in topology.source]
-    if uncited:
-        raise ConfigError(f"topology {name}.yaml gives {', '.join(uncited)} without a source; cite each figure.")
-    return topology

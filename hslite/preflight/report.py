@@ -17,8 +17,12 @@ def print_verdict(verdict: Verdict, console: Console | None = None) -> None:
         console.print(f"  • {reason}")
     better = ""
     if verdict.best_passing is not None and verdict.best_passing != verdict.requested:
-        better = f"; better: {verdict.best_passing.describe()}"
-    word = "[green]GO[/green]" if verdict.go else "[red]NO-GO[/red]"
+        better = f"; better: {verdict.best_passing.describe()} ({verdict.best_passing.overrides()})"
+    colour = {"GO": "green", "NO-GO": "red", "UNDECIDED": "yellow"}[verdict.decision]
+    word = f"[{colour}]{verdict.decision}[/{colour}]"
+    if verdict.efficiency is None:
+        console.print(f"{word} {verdict.requested.describe()} (compute not measured on this box)")
+        return
     console.print(
         f"{word} {verdict.requested.describe()} (E = {verdict.efficiency:.2f}, min {verdict.min_efficiency}){better}"
     )

@@ -18,9 +18,8 @@ from hslite.parallel.compression import (
     CompressionState,
     dispatch_hook,
     int8_hook,
-    shard_layout,
-    wire_bytes,
 )
+from hslite.parallel.wire_format import shard_layout, wire_bytes
 
 CHUNK = 2048
 

@@ -7,6 +7,9 @@ as much as a whole 1-D CNN step, and the reason a small model's DDP plan missed 
 measured, not assumed: `Trainer.fit` of `HSIClassifier` around a linear layer, with the Plan's own Trainer arguments
 (the same strategy and ranks), timed by the callback that times `hslite fit`. The linear layer's compute and its
 one latency-bound all-reduce are inside the figure; both are small against what they stand for.
+
+It lives beside the code that builds trainers, not in `preflight/`: the pre-flight never builds a Trainer, it is
+handed `measure_step_overhead` as a callable (`hslite.gate`).
 """
 
 from __future__ import annotations
@@ -20,8 +23,11 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
-from hslite.parallel.plan import Plan, threads_per_process
-from hslite.preflight import read_cache, write_cache
+from hslite.cache import read_cache, write_cache
+from hslite.parallel.plan import Plan, threads_per_process, trainer_kwargs
+from hslite.parallel.rank_setup import quiet_lightning
+from hslite.parallel.timing import TrainThroughput
+from hslite.task import HSIClassifier
 
 STEPS_PER_RANK = 40  # medians of 39 batches settle within a few percent here
 BATCH_SIZE = 64  # the loop's cost hardly depends on the batch; the metrics' updates see a realistic one
@@ -34,11 +40,6 @@ def measure_step_overhead(plan: Plan, num_classes: int, *, fresh: bool = False) 
     Spawns the plan's ranks like `hslite fit` does (CPU ranks with cores ÷ N threads), so the caller needs the
     `if __name__ == "__main__":` guard when it is a script.
     """
-    from hslite.fit import TrainThroughput
-    from hslite.parallel.plan import trainer_kwargs
-    from hslite.parallel.rank_setup import quiet_lightning
-    from hslite.task import HSIClassifier
-
     loop_plan = Plan(devices=plan.devices, accelerator=plan.accelerator, batch_size=BATCH_SIZE)
     key = {
         "ranks": loop_plan.devices,

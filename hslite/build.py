@@ -1,0 +1,91 @@
+"""A recipe's parts from its Config: the Plan, the datamodule, the model and the task.
+
+The one place that reads a Config into components; datasets, models, `parallel/` and `preflight/` take the plain
+arguments handed out here, so they stay usable from a notebook without a recipe.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from hslite.config import Config
+from hslite.datasets.datamodule import HSIDataModule
+from hslite.models import get_model
+from hslite.parallel.plan import Plan, resolve_accelerator
+from hslite.task import HSIClassifier
+
+
+def plan_from_config(cfg: Config) -> Plan:
+    """The validated Plan a recipe asks for (whether this box can run it is `check_visible`'s question)."""
+    p = cfg.parallel
+    return Plan(
+        devices=p.devices,
+        num_nodes=p.num_nodes,
+        accelerator=resolve_accelerator(p.accelerator),
+        batch_size=cfg.data.batch_size,
+        accumulate=p.accumulate,
+        precision=p.precision,
+        compression=p.compression,
+        chag=p.chag,
+        rotation_groups=p.rotation_groups,
+        fsdp=p.fsdp,
+    ).validate()
+
+
+def build_datamodule(cfg: Config) -> HSIDataModule:
+    """The datamodule a recipe describes (plain arguments, no Config inside)."""
+    d = cfg.data
+    return HSIDataModule(
+        scene=d.scene,
+        root=d.root,
+        download=d.download,
+        remove_bands=list(d.remove_bands),
+        remove_ranges_nm=[tuple(r) for r in d.remove_ranges_nm],
+        drop_water_bands=d.drop_water_bands,
+        normalisation=d.normalisation,
+        pca_components=d.pca_components,
+        patch_size=d.patch_size,
+        split=d.split,
+        train_fraction=d.train_fraction,
+        val_fraction=d.val_fraction,
+        train_per_class=d.train_per_class,
+        val_per_class=d.val_per_class,
+        block_size=d.block_size,
+        split_file=d.split_file,
+        batch_size=d.batch_size,
+        eval_batch_size=d.eval_batch_size,
+        augment=d.augment,
+        num_workers=d.num_workers,
+        seed=cfg.train.seed,
+    )
+
+
+def build_model(cfg: Config, datamodule: HSIDataModule) -> nn.Module:
+    """The registered model sized for the datamodule's bands, classes and patch (the datamodule must be set up)."""
+    return get_model(
+        cfg.model.name,
+        in_bands=datamodule.num_bands,
+        num_classes=datamodule.num_classes,
+        patch_size=cfg.data.patch_size,
+        size=cfg.model.size,
+    )
+
+
+def build_task(cfg: Config, datamodule: HSIDataModule) -> HSIClassifier:
+    """The model wrapped in the classification task, with class weights from the training pixels when asked."""
+    weights = None
+    if cfg.train.class_weights:
+        train = datamodule.split.train
+        labels = datamodule.scene.gt[train[:, 0], train[:, 1]] - 1
+        counts = np.bincount(labels, minlength=datamodule.num_classes).astype(np.float64)
+        weights = torch.tensor(counts.sum() / np.maximum(counts, 1) / datamodule.num_classes, dtype=torch.float32)
+    return HSIClassifier(
+        build_model(cfg, datamodule),
+        num_classes=datamodule.num_classes,
+        lr=cfg.train.lr,
+        weight_decay=cfg.train.weight_decay,
+        warmup_epochs=cfg.train.warmup_epochs,
+        class_weights=weights,
+    )

@@ -1,0 +1,40 @@
+"""A small JSON cache of measurements (probe, links, loop cost) under the user cache dir, keyed by what was measured.
+
+Shared by the pre-flight probe and link measurement and by the training-loop cost measurement in `parallel/`, so
+every measurement keeps its result in one place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+
+
+def cache_file(kind: str, key: dict[str, Any]) -> Path:
+    """Path of the JSON cache entry for one measurement: `<user cache>/hslite/preflight/<kind>-<hash of key>.json`."""
+    digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return Path(platformdirs.user_cache_dir("hslite")) / "preflight" / f"{kind}-{digest}.json"
+
+
+def read_cache(kind: str, key: dict[str, Any]) -> dict[str, Any] | None:
+    """The cached result stored under this exact key, or None when absent, unreadable or stored for another key."""
+    path = cache_file(kind, key)
+    try:
+        entry = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return entry.get("result") if entry.get("key") == key else None
+
+
+def write_cache(kind: str, key: dict[str, Any], result: dict[str, Any]) -> Path:
+    """Store a result with its key (kept in the file so a hash collision can never return the wrong entry)."""
+    path = cache_file(kind, key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"key": key, "result": result}, indent=1))
+    tmp.replace(path)  # atomic, so a concurrent reader never sees half a file
+    return path

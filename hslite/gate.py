@@ -1,0 +1,146 @@
+"""The pre-flight gate of a recipe: its Plan, its datamodule and model, this box's devices and links -> Verdict.
+
+`hslite fit` and `hslite preflight` both call `preflight_check` once the config and the data are known to be good.
+The probe times batches from the datamodule that trains (the same bands, PCA, patches and gather), and the model
+comes from the same builder; the training-loop cost is measured by `parallel.loop_cost`, handed to the pre-flight as
+a callable, so `preflight/` never builds a Trainer and never reads a Config.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from hslite.build import build_datamodule, build_model, plan_from_config
+from hslite.config import Config
+from hslite.datasets.datamodule import HSIDataModule
+from hslite.errors import HSLiteError
+from hslite.parallel.loop_cost import measure_step_overhead
+from hslite.parallel.plan import Plan, visible_devices
+from hslite.parallel.rank_setup import quiet_lightning
+from hslite.preflight.links import measure_links_for
+from hslite.preflight.probe import measure_footprint, probe_for_plans
+from hslite.preflight.run import price_absent_devices, run_preflight
+from hslite.preflight.topology import list_topologies, load_topology
+from hslite.preflight.verdict import NO_GO_EXIT_CODE, UNDECIDED_EXIT_CODE, Verdict
+
+MAX_PRICED_DEVICES = 16  # the largest box hslite is for
+
+
+class PreflightRefused(HSLiteError):
+    """The plan cannot be shown to pay (NO-GO)."""
+
+    exit_code = NO_GO_EXIT_CODE
+
+
+class PreflightUndecided(HSLiteError):
+    """The plan's devices are not here and no profile says what they are: nothing can be priced."""
+
+    exit_code = UNDECIDED_EXIT_CODE
+
+
+def check_recipe(cfg: Config) -> Verdict:
+    """The pre-flight of a recipe on its own: plan and data validated first, then `preflight_check`."""
+    plan = plan_from_config(cfg).check_applied()
+    quiet_lightning()
+    datamodule = build_datamodule(cfg)
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    return preflight_check(cfg, plan, datamodule)
+
+
+def training_batches(datamodule: HSIDataModule, seed: int) -> Callable[[int], tuple[Tensor, Tensor]]:
+    """Random batches of b training samples gathered by the datamodule's own dataset (augmentation included)."""
+    dataset = datamodule.train_dataloader().dataset
+    generator = torch.Generator().manual_seed(seed)
+
+    def make_batch(batch_size: int) -> tuple[Tensor, Tensor]:
+        index = torch.randint(0, len(dataset), (batch_size,), generator=generator).tolist()  # type: ignore[arg-type]
+        return dataset.__getitems__(index)  # type: ignore[attr-defined]
+
+    return make_batch
+
+
+def _memory_bytes(accelerator: str) -> int:
+    if accelerator == "gpu" and torch.cuda.is_available():
+        return int(torch.cuda.get_device_properties(0).total_memory)
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def _absent(plan: Plan, have: int) -> str | None:
+    # CPU "devices" are processes: any count can be started and measured here (sharing cores is what is priced).
+    if plan.num_nodes > 1:
+        return f"the plan spans {plan.num_nodes} nodes and only this one is visible"
+    if plan.accelerator == "gpu" and plan.devices > have:
+        return f"the plan needs {plan.devices} GPUs per node but this box has {have} visible"
+    return None
+
+
+def preflight_check(cfg: Config, plan: Plan, datamodule: HSIDataModule, *, single_device_only: bool = False) -> Verdict:
+    """Probe, measure or read the links, price every candidate plan and decide: the recipe's pre-flight.
+
+    The probe uses the recipe's own batches and model; links are measured here or read from `preflight.topology`.
+    `single_device_only` (a one-device fit) prices the requested device alone: no processes, no AMP probe.
+    """
+    have = visible_devices(plan.accelerator)
+    topology = load_topology(cfg.preflight.topology) if cfg.preflight.topology else None
+    absent = _absent(plan, have)
+    if absent and topology is None:
+        raise PreflightUndecided(
+            f"cannot check {plan.describe()}: {absent}. To price its links and memory from a profile of the intended "
+            f"machine, add preflight.topology=NAME (one of: {', '.join(list_topologies())}); to check this box, "
+            + (f"ask for at most {have} devices." if have else "use parallel.accelerator=cpu (gloo processes).")
+        )
+    bands, classes, patch = datamodule.num_bands, datamodule.num_classes, cfg.data.patch_size
+    make_batch = training_batches(datamodule, cfg.train.seed)
+
+    def model_factory() -> torch.nn.Module:
+        return build_model(cfg, datamodule)
+
+    if plan.accelerator == "gpu" and not torch.cuda.is_available():
+        assert topology is not None  # `absent` is set for every GPU plan on a box without GPUs
+        verdict = price_absent_devices(
+            plan,
+            lambda p: measure_footprint(model_factory, make_batch, batch_size=p.batch_size, precision=p.precision),
+            topology,
+            f"this box has no GPU, so the {plan.describe()} plan's step time cannot be timed here",
+            chag_supported=cfg.model.name == "channel_vit",
+        )
+        verdict.reasons.append(f"links and device memory from the topology profile {cfg.preflight.topology!r}")
+        return verdict
+
+    probe_kwargs: dict[str, object] = {
+        "cache_key": f"{cfg.model.name}-{cfg.model.size}-{bands}x{patch}x{patch}-c{classes}",
+        "fresh": cfg.preflight.fresh,
+        "steps": cfg.preflight.probe_steps,
+        "measure_compression": plan.compression_enabled,
+    }
+    if cfg.model.name == "channel_vit":
+        probe_kwargs["tokenizer_modules"] = ("tokenizer", "partial_aggregation")
+    notes = [f"links and device memory from the topology profile {cfg.preflight.topology!r}"] if topology else []
+    if topology is not None:
+        notes.append("training-loop cost of several ranks not measurable here: one local rank's figure is used")
+
+    def loop_seconds_for(p: Plan) -> float:
+        # Ranks this box cannot start (other nodes, absent GPUs) are priced with one local rank's loop.
+        runnable = topology is None and (p.accelerator == "cpu" or p.devices <= have)
+        ranks = p.devices if runnable and p.num_nodes == 1 else 1
+        return measure_step_overhead(Plan(devices=ranks, accelerator=p.accelerator), classes, fresh=cfg.preflight.fresh)
+
+    verdict = run_preflight(
+        plan,
+        probe_for_plans(model_factory, make_batch, **probe_kwargs),
+        None if topology else (lambda p: measure_links_for(p, fresh=cfg.preflight.fresh)),
+        None if topology else _memory_bytes(plan.accelerator),
+        cfg.preflight.min_efficiency,
+        1 if single_device_only else (None if topology else max(plan.devices, min(have, MAX_PRICED_DEVICES))),
+        topology=topology,
+        chag_supported=cfg.model.name == "channel_vit",
+        loop_seconds_for=loop_seconds_for,
+        amp=not single_device_only,
+    )
+    verdict.reasons += notes
+    return verdict

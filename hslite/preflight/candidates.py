@@ -1,0 +1,73 @@
+"""The plans worth pricing against a requested one: the same global batch on other layouts (DESIGN §3)."""
+
+from __future__ import annotations
+
+import math
+
+from hslite.parallel.plan import Plan
+from hslite.preflight.topology import PER_LAYER_CROSS_NODE_MAX_RATIO
+
+AMP_PRECISION = "bf16-mixed"  # the AMP a single device is also priced with; fp16 on CPU runs as bf16 anyway
+BATCH_SCALES = (4, 2, 1, 1 / 2, 1 / 4)  # per-device batch × scale, accumulation ÷ scale: same global batch
+
+
+def _same_global_batch(plan: Plan) -> list[Plan]:
+    """The plan with larger or smaller micro-batches and accumulation adjusted to keep its global batch."""
+    out = []
+    for scale in BATCH_SCALES:
+        batch, accumulate = plan.batch_size * scale, plan.accumulate / scale
+        if batch >= 1 and accumulate >= 1 and batch == int(batch) and accumulate == int(accumulate):
+            out.append(plan.with_(batch_size=int(batch), accumulate=int(accumulate)))
+    return out
+
+
+def candidate_plans(
+    requested: Plan,
+    max_devices: int,
+    *,
+    chag_supported: bool = False,
+    include_fsdp: bool = False,
+    bandwidth_ratio: float = math.inf,
+    amp: bool = True,
+) -> list[Plan]:
+    """Every layout worth pricing against `requested`, all at its global batch (where the sizes divide).
+
+    One device with accumulation, and with AMP too when `amp`; the requested layout; DP at 2..max_devices devices
+    per node; int8/bf16 compression; batch/accumulation trades; FSDP when `include_fsdp`; channel groups inside a
+    node when `chag_supported`. Per-layer communication (FSDP) crosses nodes only while `bandwidth_ratio` is below
+    PER_LAYER_CROSS_NODE_MAX_RATIO (DESIGN §3 mapping). Layouts that training cannot run yet (`Plan.unapplied`)
+    are never proposed: what the pre-flight names is what `hslite fit` runs.
+    """
+    requested.validate()
+    micro_batches = requested.dp * requested.accumulate  # micro-batches of `batch_size` per optimiser step
+    plans: list[Plan] = [requested]
+    precisions = ("32-true", AMP_PRECISION, requested.precision) if amp else (requested.precision,)
+    for precision in dict.fromkeys(precisions):
+        single = requested.with_(devices=1, num_nodes=1, chag=1, fsdp=False, compression="none")
+        plans += _same_global_batch(single.with_(precision=precision, accumulate=micro_batches))
+    for nodes in dict.fromkeys((1, requested.num_nodes)):
+        for devices in range(1, max_devices + 1):
+            world = devices * nodes
+            if world < 2 or micro_batches % world:
+                continue
+            base = requested.with_(
+                devices=devices,
+                num_nodes=nodes,
+                chag=1,
+                fsdp=False,
+                compression="none",
+                accumulate=micro_batches // world,
+            )
+            layouts = [base] + [base.with_(compression=c) for c in ("int8", "bf16")]
+            if include_fsdp and (nodes == 1 or bandwidth_ratio < PER_LAYER_CROSS_NODE_MAX_RATIO):
+                layouts.append(base.with_(fsdp=True))
+            if chag_supported:  # chag ranks share a batch, so each optimiser step needs chag× the accumulation
+                layouts += [
+                    base.with_(chag=c, accumulate=base.accumulate * c)
+                    for c in range(2, devices + 1)
+                    if devices % c == 0
+                ]
+            for layout in layouts:
+                if not layout.unapplied:
+                    plans += _same_global_batch(layout)
+    return list(dict.fromkeys(plans))

@@ -1,0 +1,106 @@
+"""The analytic formulas of DESIGN §3: ring collectives, bytes on the wire, the DDP step, c0 + c1·b and P*.
+
+Small functions with units in their names, each citing its source; torch-free. `ring_factor_exact=False` switches to
+the seeds' simplification (2(N−1)/N → 2, one latency per collective, i.e. T_comm ≈ alpha + 2·S/BW as in DESIGN §3's
+P* line), which is what the reference cases assume.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from hslite.errors import ConfigError
+from hslite.parallel.wire_format import DEFAULT_CHUNK_ELEMS  # int8 values per fp32 scale in the int8 hook
+
+if TYPE_CHECKING:
+    from hslite.preflight.measurements import LinkModel
+
+WIRE_BYTES_PER_GRAD_BYTE = {"none": 1.0, "int8": 0.25, "bf16": 0.5, "fp16": 0.5}
+
+
+def _ring_seconds(phases: int, total_bytes: float, world_size: int, link: LinkModel, exact: bool) -> float:
+    # Ring collectives (Thakur, Rabenseifner & Gropp 2005; Patarasuk & Yuan 2009): each phase is N−1 steps of
+    # S/N bytes. All-gather and reduce-scatter are one phase, all-reduce is both.
+    if world_size <= 1 or total_bytes <= 0:
+        return 0.0
+    n, bw = world_size, link.bandwidth_bytes_per_second
+    if not exact:  # seeds' bound: latency once, (N−1)/N → 1
+        return link.alpha_seconds + phases * total_bytes / bw
+    return phases * (n - 1) * link.alpha_seconds + phases * (n - 1) / n * total_bytes / bw
+
+
+def allreduce_seconds(grad_bytes: float, world_size: int, link: LinkModel, *, ring_factor_exact: bool = True) -> float:
+    """Ring all-reduce: 2(N−1)·alpha + 2(N−1)/N·S/BW (DESIGN §3)."""
+    return _ring_seconds(2, grad_bytes, world_size, link, ring_factor_exact)
+
+
+def allgather_seconds(total_bytes: float, world_size: int, link: LinkModel, *, ring_factor_exact: bool = True) -> float:
+    """Ring all-gather of a `total_bytes` result: (N−1)·alpha + (N−1)/N·S/BW."""
+    return _ring_seconds(1, total_bytes, world_size, link, ring_factor_exact)
+
+
+def reduce_scatter_seconds(
+    total_bytes: float, world_size: int, link: LinkModel, *, ring_factor_exact: bool = True
+) -> float:
+    """Ring reduce-scatter of a `total_bytes` input: (N−1)·alpha + (N−1)/N·S/BW."""
+    return _ring_seconds(1, total_bytes, world_size, link, ring_factor_exact)
+
+
+def wire_bytes(grad_bytes: float, compression: str) -> float:
+    """Bytes all-reduced per step: S, S/2 for bf16/fp16, S/4 plus one fp32 scale per chunk for int8 (DESIGN §3)."""
+    if compression not in WIRE_BYTES_PER_GRAD_BYTE:
+        raise ConfigError(f"compression must be one of {', '.join(WIRE_BYTES_PER_GRAD_BYTE)}, got {compression!r}.")
+    scales_bytes = 4 * math.ceil(grad_bytes / 4 / DEFAULT_CHUNK_ELEMS) if compression == "int8" else 0
+    return grad_bytes * WIRE_BYTES_PER_GRAD_BYTE[compression] + scales_bytes
+
+
+def ddp_step_seconds(
+    forward_seconds: float,
+    backward_seconds: float,
+    optimizer_seconds: float,
+    allreduce_seconds: float,
+    overlap: float = 0.0,
+    accumulate: int = 1,
+) -> float:
+    """Per optimiser step: G·(T_f + T_b) + T_opt + max(0, T_ar − o·T_b); one all-reduce per G micro-steps (§3)."""
+    exposed_seconds = max(0.0, allreduce_seconds - overlap * backward_seconds)
+    return accumulate * (forward_seconds + backward_seconds) + optimizer_seconds + exposed_seconds
+
+
+def fit_compute_model(batch_sizes: list[int], seconds: list[float]) -> tuple[float, float]:
+    """Least-squares c0, c1 of T_c(b) ≈ c0 + c1·b (DESIGN §3) from ≥ 2 batch sizes; both clipped at ≥ 0."""
+    if len(set(batch_sizes)) < 2:
+        raise ConfigError(f"the compute model needs ≥ 2 distinct batch sizes, got {sorted(set(batch_sizes))}.")
+    b, t = np.asarray(batch_sizes, dtype=float), np.asarray(seconds, dtype=float)
+    c0, c1 = np.linalg.lstsq(np.stack([np.ones_like(b), b], 1), t, rcond=None)[0]
+    if c1 < 0:  # timing noise larger than the batch effect: the step time is all fixed cost
+        return float(t.mean()), 0.0
+    if c0 < 0:  # no measurable fixed cost: a line through the origin
+        return 0.0, float(b @ t / (b @ b))
+    return float(c0), float(c1)
+
+
+def critical_params(
+    c0_seconds: float,
+    c1_seconds_per_param_sample: float,
+    batch_size: int,
+    link: LinkModel,
+    *,
+    r_target: float = 1.0,
+    grad_element_bytes: int = 4,
+) -> float | None:
+    """P* = (alpha − r*·c0) / (r*·c1·b − 2·b_g/BW): DP reaches r ≤ r* from P* parameters up (DESIGN §3).
+
+    From T_c ≈ c0 + c1·P·b and T_comm ≈ alpha + 2·P·b_g/BW. c1 here is per parameter and sample: a probe's
+    `compute_c1_seconds_per_sample / param_count`. None when the denominator is ≤ 0: DP never pays on that link.
+    Clipped at 0 when any size pays.
+    """
+    denominator = r_target * c1_seconds_per_param_sample * batch_size - 2 * grad_element_bytes / (
+        link.bandwidth_bytes_per_second
+    )
+    if denominator <= 0:
+        return None
+    return max(0.0, (link.alpha_seconds - r_target * c0_seconds) / denominator)

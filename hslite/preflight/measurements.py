@@ -1,0 +1,95 @@
+"""What the pre-flight measures, as plain torch-free records: one device's probe and one link's model.
+
+`probe.py` and `links.py` fill them (with torch); the cost model and the verdict read them (without).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, TypeVar
+
+_F = TypeVar("_F", bound="Footprint")
+
+
+@dataclass(kw_only=True)
+class Footprint:
+    """What one rank of a model holds at `batch_size`: bytes that do not depend on the device's speed.
+
+    Measured with the model's own tensors (`probe.measure_footprint`); enough to price memory and communication of
+    devices that are not here, whose compute cannot be measured.
+    """
+
+    batch_size: int
+    precision: str
+    device: str  # where the sizes were counted
+    param_count: int
+    param_bytes: int
+    grad_bytes: int
+    optimizer_bytes: int
+    activation_bytes: int  # saved for backward, deduplicated by storage, parameters excluded
+    peak_bytes: int  # max_memory_allocated on GPU; params + grads + optimiser + activations elsewhere
+    tokenizer_activation_fraction: float | None = None  # share of activation bytes saved inside the tokenizer
+    group_token_bytes_per_sample: int | None = None  # tokenizer output (G × D elements) per sample
+    band_groups: int | None = None  # G, for channel-subset rotation
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict for JSON."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls: type[_F], data: dict[str, Any]) -> _F:
+        """Inverse of `to_dict` (unknown keys are ignored so older cache files still load)."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass(kw_only=True)
+class ProbeResult(Footprint):
+    """One device's measured costs at `batch_size`: its footprint and its times (medians, per rank)."""
+
+    forward_seconds: float  # forward + loss
+    backward_seconds: float
+    optimizer_seconds: float  # AdamW step + zero_grad
+    data_seconds: float  # a batch from the datamodule's gather + copy to the device, per micro-batch
+    threads: int  # torch CPU threads during the probe
+    compute_c0_seconds: float  # T_c(b) ≈ c0 + c1·b, forward + backward
+    compute_c1_seconds_per_sample: float
+    compress_seconds_per_byte: float | None = None  # int8 quantise + dequantise per fp32 gradient byte
+    chag_fraction: float | None = None  # share of forward time in the tokenizer module
+
+
+@dataclass
+class LinkModel:
+    """A collective's link: latency per ring step, bandwidth (nccl-tests "busbw" sense) and DDP overlap in [0, 1]."""
+
+    alpha_seconds: float
+    bandwidth_bytes_per_second: float
+    overlap: float = 0.0  # share of backward under which all-reduce can hide; 0 is the seeds' no-overlap bound
+    source: str = ""  # where the figures come from (measurement, or topology profile)
+    points: list[tuple[int, float]] = field(default_factory=list)  # (bytes, seconds) measured, if any
+
+    @classmethod
+    def no_cost(cls, source: str = "single device: no communication") -> LinkModel:
+        """The link of a one-rank group: collectives are free."""
+        return cls(0.0, math.inf, 0.0, source, [])
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict for JSON (infinite bandwidth is written as null)."""
+        out = asdict(self)
+        out["bandwidth_bytes_per_second"] = (
+            None if math.isinf(self.bandwidth_bytes_per_second) else out["bandwidth_bytes_per_second"]
+        )
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LinkModel:
+        """Inverse of `to_dict`."""
+        bw = data["bandwidth_bytes_per_second"]
+        return cls(
+            float(data["alpha_seconds"]),
+            math.inf if bw is None else float(bw),
+            float(data.get("overlap", 0.0)),
+            str(data.get("source", "")),
+            [(int(s), float(t)) for s, t in data.get("points", [])],
+        )

@@ -1,0 +1,152 @@
+"""The pre-flight in one call: probe, measure or read the links, price every candidate plan, decide (DESIGN §3).
+
+    probe_for = probe_for_plans(model_factory, make_batch, cache_key="cnn3d-indian_pines")
+    verdict = run_preflight(plan, probe_for, measure_links_for, host_memory_bytes)  # or topology=load_topology(..)
+    print(verdict.reasons); json.dump(verdict.to_dict(), f); sys.exit(verdict.exit_code)
+
+Plans whose devices are not here go to `price_absent_devices` instead: links and memory, no compute.
+Everything arrives as a Plan and plain callables; the Config is read by `hslite.gate`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from hslite.errors import ConfigError
+from hslite.parallel.plan import Plan
+from hslite.preflight.candidates import candidate_plans
+from hslite.preflight.costmodel import Prediction, predict
+from hslite.preflight.measurements import Footprint, LinkModel, ProbeResult
+from hslite.preflight.topology import Topology
+from hslite.preflight.verdict import Verdict, decide
+from hslite.preflight.whatif import decide_without_compute, predict_footprint
+
+
+def run_preflight(
+    requested: Plan,
+    probe_for: Callable[[Plan], ProbeResult],
+    link_for: Callable[[Plan], LinkModel] | None = None,
+    device_memory_bytes: int | None = None,
+    min_efficiency: float = 0.5,
+    max_devices: int | None = None,
+    *,
+    topology: Topology | None = None,
+    chag_link_for: Callable[[Plan], LinkModel] | None = None,
+    chag_supported: bool = False,
+    cpu_cores: int | None = None,
+    loop_seconds_for: Callable[[Plan], float] | None = None,
+    amp: bool = True,
+) -> Verdict:
+    """Probe, price every candidate and decide; the single entry point of the pre-flight check.
+
+    `probe_for(plan)` is called once per distinct (precision, accelerator, CPU ranks per node) with a one-rank plan
+    at the requested per-device batch; other batches come from the fitted c0 + c1·b. `probe_for_plans(factory,
+    make_batch)` builds one (CPU ranks probed with the threads they will get). `link_for(plan)` gives the
+    data-parallel link, once per distinct group: `measure_links_for` on this box, or a topology's `link_for`.
+    `loop_seconds_for(plan)` is the training loop's cost per micro-step for the plan's ranks (once per distinct
+    ranks and accelerator; `measure_step_overhead` on this box); without it the loop is not priced.
+    `topology` fills in `link_for`, `chag_link_for`, `device_memory_bytes` (one device; host memory for CPU plans)
+    and `max_devices` (devices per node) when they are not given; `max_devices` otherwise defaults to the request's.
+    `amp=False` leaves AMP single-device plans out (a one-device fit on CPU need not pay for a bf16 probe).
+    """
+    requested.validate()
+    if topology is not None:
+        link_for = link_for or topology.link_for
+        chag_link_for = chag_link_for or topology.chag_link_for
+        device_memory_bytes = device_memory_bytes or topology.device_memory_bytes
+        max_devices = max_devices or topology.gpus_per_node
+    if link_for is None or device_memory_bytes is None:
+        raise ConfigError("run_preflight needs link_for and device_memory_bytes, or a topology profile that has both.")
+    probes: dict[tuple[Any, ...], ProbeResult] = {}
+    links: dict[tuple[Any, ...], LinkModel] = {}
+    loops: dict[tuple[Any, ...], float] = {}
+
+    def loop_seconds(plan: Plan) -> float:
+        key = (plan.devices, plan.num_nodes, plan.accelerator)
+        if loop_seconds_for is not None and key not in loops:
+            loops[key] = loop_seconds_for(plan)
+        return loops.get(key, 0.0)
+
+    def price(plan: Plan) -> Prediction:
+        ranks_sharing_cores = plan.devices if plan.accelerator == "cpu" else 1  # sets the threads a CPU rank gets
+        probe_key = (plan.precision, plan.accelerator, ranks_sharing_cores)
+        if probe_key not in probes:
+            probes[probe_key] = probe_for(
+                Plan(
+                    devices=ranks_sharing_cores,
+                    accelerator=plan.accelerator,
+                    batch_size=requested.batch_size,
+                    precision=plan.precision,
+                )
+            )
+        link_key = (plan.dp, plan.devices, plan.num_nodes, plan.accelerator)
+        if link_key not in links:
+            links[link_key] = link_for(plan)
+        chag_link = None
+        if plan.chag_enabled and chag_link_for is not None:
+            chag_link = chag_link_for(plan)
+        pred = predict(
+            plan,
+            probes[probe_key],
+            links[link_key],
+            device_memory_bytes,
+            chag_link=chag_link,
+            cpu_cores=cpu_cores,
+            loop_seconds=loop_seconds(plan),
+            alone_loop_seconds=loop_seconds(Plan(accelerator=plan.accelerator)),
+        )
+        pred.notes += topology.mapping_notes(plan) if topology is not None else []
+        return pred
+
+    requested_prediction = price(requested)
+    plans = candidate_plans(
+        requested,
+        max_devices or requested.devices,
+        chag_supported=chag_supported,
+        include_fsdp=not requested_prediction.fits_memory or requested.fsdp,
+        bandwidth_ratio=topology.bandwidth_ratio if topology is not None else math.inf,
+        amp=amp,
+    )
+    predictions = {plan: price(plan) for plan in plans if plan != requested}
+    predictions[requested] = requested_prediction
+    return decide(requested, predictions, min_efficiency)
+
+
+def price_absent_devices(
+    requested: Plan,
+    footprint_for: Callable[[Plan], Footprint],
+    topology: Topology,
+    why_unmeasured: str,
+    *,
+    chag_supported: bool = False,
+) -> Verdict:
+    """Price a plan whose devices are not here from the model's sizes and a topology profile: links and memory only.
+
+    `footprint_for(plan)` is called once per precision (`probe.measure_footprint` counts the sizes on this CPU).
+    The verdict is NO-GO when the requested plan cannot fit in the profile's device memory and UNDECIDED
+    otherwise: compute of absent devices is not measured, so nothing is ranked by speed (DESIGN §3, what-if).
+    """
+    requested.validate()
+    footprints: dict[str, Footprint] = {}
+
+    def price(plan: Plan) -> Any:
+        if plan.precision not in footprints:
+            footprints[plan.precision] = footprint_for(plan)
+        chag_link = topology.chag_link_for(plan) if plan.chag_enabled else None
+        return predict_footprint(
+            plan, footprints[plan.precision], topology.link_for(plan), topology.device_memory_bytes, chag_link=chag_link
+        )
+
+    requested_prediction = price(requested)
+    plans = candidate_plans(
+        requested,
+        topology.gpus_per_node,
+        chag_supported=chag_supported,
+        include_fsdp=not requested_prediction.fits_memory or requested.fsdp,
+        bandwidth_ratio=topology.bandwidth_ratio,
+    )
+    predictions = {plan: price(plan) for plan in plans if plan != requested}
+    predictions[requested] = requested_prediction
+    return decide_without_compute(requested, predictions, why_unmeasured)

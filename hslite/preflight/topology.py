@@ -1,0 +1,119 @@
+"""Machine profiles for devices and nodes that are not visible here: links, device memory, a source per figure.
+
+Multi-node and absent-GPU plans are priced from these, never launched. Profiles are YAML files in `topologies/`,
+read with `yaml.safe_load`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from hslite.errors import ConfigError
+from hslite.parallel.plan import Plan
+from hslite.preflight.measurements import LinkModel
+
+# R = B_intra / B_inter below which a flat layout is kept: per-layer collectives (channel groups, FSDP) may span
+# nodes, since splitting them into intra- and inter-node phases gains little. From here up they stay inside a node
+# and only data parallelism crosses (DESIGN §3: "start at 4, calibrate").
+PER_LAYER_CROSS_NODE_MAX_RATIO = 4.0
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A machine profile: nodes × GPUs, intra- and inter-node links, device memory, and the source of each figure."""
+
+    name: str
+    nodes: int
+    gpus_per_node: int
+    intra_gbps: float | None  # GB/s all-reduce busbw inside a node; None when nodes hold one GPU
+    inter_gbps: float | None  # GB/s busbw across nodes; None for a single node
+    intra_latency_us: float | None
+    inter_latency_us: float | None
+    device_memory_gib: float
+    source: dict[str, str]  # one citation per figure
+    overlap: float = 0.0  # DDP overlap assumed for these links; 0 is the no-overlap bound
+
+    @property
+    def device_memory_bytes(self) -> int:
+        """Memory of one device."""
+        return int(self.device_memory_gib * 2**30)
+
+    @property
+    def bandwidth_ratio(self) -> float:
+        """R = B_intra / B_inter (DESIGN §3); infinite for a single node, 1 when nodes hold one GPU (flat network)."""
+        if self.inter_gbps is None:
+            return math.inf
+        return 1.0 if self.intra_gbps is None else self.intra_gbps / self.inter_gbps
+
+    def _link(self, gbps: float | None, latency_us: float | None, where: str) -> LinkModel:
+        if gbps is None or latency_us is None:
+            raise ConfigError(f"topology {self.name!r} has no {where} link; use a profile that lists {where}_gbps.")
+        return LinkModel(latency_us * 1e-6, gbps * 1e9, self.overlap, f"topology {self.name}: {where}-node")
+
+    def _check(self, plan: Plan) -> None:
+        if plan.devices > self.gpus_per_node or plan.num_nodes > self.nodes:
+            raise ConfigError(
+                f"plan {plan.describe()} needs {plan.devices} devices × {plan.num_nodes} nodes but topology "
+                f"{self.name!r} has {self.gpus_per_node} × {self.nodes}; lower devices/num_nodes or pick another."
+            )
+
+    def link_for(self, plan: Plan) -> LinkModel:
+        """The data-parallel all-reduce link: intra-node when the plan fits in one node, else inter-node."""
+        self._check(plan)
+        if plan.dp <= 1:
+            return LinkModel.no_cost()
+        if plan.num_nodes == 1:
+            return self._link(self.intra_gbps, self.intra_latency_us, "intra")
+        return self._link(self.inter_gbps, self.inter_latency_us, "inter")
+
+    def chag_link_for(self, plan: Plan) -> LinkModel:
+        """The channel-group link: intra-node while a group fits in a node (the mapping places it there)."""
+        self._check(plan)
+        if plan.chag <= 1:
+            return LinkModel.no_cost()
+        if plan.chag <= plan.devices and plan.devices % plan.chag == 0:
+            return self._link(self.intra_gbps, self.intra_latency_us, "intra")
+        return self._link(self.inter_gbps, self.inter_latency_us, "inter")
+
+    def mapping_notes(self, plan: Plan) -> list[str]:
+        """Warnings when per-layer communication crosses nodes although the inter-node link is much slower."""
+        crosses = (plan.chag_enabled and plan.chag > plan.devices) or (plan.fsdp and plan.num_nodes > 1)
+        if not crosses or self.bandwidth_ratio < PER_LAYER_CROSS_NODE_MAX_RATIO:
+            return []
+        return [
+            f"per-layer communication ({'channel groups' if plan.chag > plan.devices else 'FSDP'}) crosses nodes on "
+            f"a link {self.bandwidth_ratio:.1f}× slower than inside a node (threshold "
+            f"{PER_LAYER_CROSS_NODE_MAX_RATIO:g}): keep it inside a node and use data parallelism across nodes"
+        ]
+
+
+def _topology_files() -> dict[str, Any]:
+    folder = resources.files("hslite.preflight") / "topologies"
+    return {f.name.removesuffix(".yaml"): f for f in folder.iterdir() if f.name.endswith(".yaml")}
+
+
+def list_topologies() -> list[str]:
+    """Names of the bundled topology profiles."""
+    return sorted(_topology_files())
+
+
+def load_topology(name: str) -> Topology:
+    """Read one bundled profile (yaml.safe_load); an unknown name raises ConfigError listing the known ones."""
+    files = _topology_files()
+    if name not in files:
+        raise ConfigError(f"unknown topology {name!r}; known profiles: {', '.join(sorted(files))}.")
+    data = yaml.safe_load(files[name].read_text())
+    figures = ("intra_gbps", "inter_gbps", "intra_latency_us", "inter_latency_us", "device_memory_gib")
+    try:
+        topology = Topology(name=name, **data)
+    except TypeError as err:
+        raise ConfigError(f"topology file {name}.yaml is malformed ({err}); expected keys {figures}.") from err
+    uncited = [f for f in figures if getattr(topology, f) is not None and f not in topology.source]
+    if uncited:
+        raise ConfigError(f"topology {name}.yaml gives {', '.join(uncited)} without a source; cite each figure.")
+    return topology

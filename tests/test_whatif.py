@@ -1,0 +1,81 @@
+"""What-if pricing: devices that are not here get links and memory, never this CPU's compute, and no GO."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+from rich.console import Console
+from torch import nn
+
+from hslite.parallel.plan import Plan
+from hslite.preflight.probe import measure_footprint
+from hslite.preflight.run import price_absent_devices
+from hslite.preflight.topology import Topology, load_topology
+from hslite.preflight.whatif import predict_footprint
+
+GIB = 2**30
+
+
+def model() -> nn.Module:
+    return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
+
+
+def make_batch(b: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(b, 64), torch.randint(0, 10, (b,))
+
+
+def footprint_for(plan: Plan):
+    return measure_footprint(model, make_batch, batch_size=plan.batch_size, precision=plan.precision)
+
+
+def test_footprint_counts_the_models_own_tensors():
+    sizes = measure_footprint(model, make_batch, batch_size=32, precision="32-true")
+    params = sum(p.numel() for p in model().parameters())
+    assert sizes.param_count == params and sizes.param_bytes == sizes.grad_bytes == 4 * params
+    assert sizes.optimizer_bytes >= 2 * sizes.param_bytes  # AdamW's two moments
+    assert sizes.activation_bytes > 0
+    assert sizes.peak_bytes == sizes.param_bytes + sizes.grad_bytes + sizes.optimizer_bytes + sizes.activation_bytes
+
+
+def test_gpu_plan_on_a_cpu_box_is_undecided_with_links_and_memory_only():
+    requested = Plan(devices=8, accelerator="gpu", batch_size=64)
+    verdict = price_absent_devices(requested, footprint_for, load_topology("nvlink_8"), "no GPU here")
+    assert verdict.go is None and verdict.decision == "UNDECIDED" and verdict.exit_code == 4
+    assert verdict.efficiency is None and verdict.best_passing is None and not verdict.compute_measured
+    assert "compute not measured: no GPU here" in verdict.reasons[0]
+    assert any("fits" in reason for reason in verdict.reasons)
+    report = verdict.to_dict()
+    assert report["compute_measured"] is False and report["decision"] == "UNDECIDED"
+    for row in report["rows"]:  # nothing that would need compute is reported, so nothing can be ranked by it
+        assert not {"step_seconds", "samples_per_second", "ecd", "efficiency"} & set(row)
+    assert report["rows"][0]["requested"]
+    assert report["requested_prediction"]["comm_seconds"] > 0
+    console = Console(record=True, width=160, file=io.StringIO())
+    console.print(verdict.render_table())
+    assert "link s/step" in console.export_text() and "samples/s" not in console.export_text()
+
+
+def test_link_seconds_follow_the_profile_and_compression_shrinks_the_wire():
+    topology = load_topology("nvlink_8")
+    sizes = footprint_for(Plan(batch_size=64))
+    plain = predict_footprint(Plan(devices=8, accelerator="gpu"), sizes, topology.link_for(Plan(devices=8)), GIB)
+    int8 = predict_footprint(
+        Plan(devices=8, accelerator="gpu", compression="int8"), sizes, topology.link_for(Plan(devices=8)), GIB
+    )
+    link = topology.link_for(Plan(devices=8, accelerator="gpu"))
+    ring = 2 * 7 * link.alpha_seconds + 2 * 7 / 8 * sizes.grad_bytes / link.bandwidth_bytes_per_second
+    assert plain.comm_seconds == pytest.approx(ring)
+    assert int8.wire_bytes == pytest.approx(plain.wire_bytes / 4, rel=0.01)
+    assert any("quantise cost is compute" in note for note in int8.notes)
+
+
+def test_a_plan_that_cannot_fit_the_profiles_device_is_no_go():
+    tiny_gpus = Topology(
+        name="tiny", nodes=1, gpus_per_node=4, intra_gbps=100.0, inter_gbps=None, intra_latency_us=1.0,
+        inter_latency_us=None, device_memory_gib=1e-4, source={},
+    )  # fmt: skip
+    verdict = price_absent_devices(Plan(devices=4, accelerator="gpu", batch_size=64), footprint_for, tiny_gpus, "x")
+    assert verdict.go is False and verdict.exit_code == 3
+    assert any("cannot run there whatever its speed" in reason for reason in verdict.reasons)
