@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import importlib.resources
+import math
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,59 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 from hslite.errors import ConfigError
 
 
+@dataclass(frozen=True)
+class Interval:
+    """Numbers a field accepts: one interval, optionally whole or odd numbers only; infinite bounds are open."""
+
+    lo: float = -math.inf
+    hi: float = math.inf
+    lo_open: bool = False
+    hi_open: bool = False
+    whole: bool = False  # only whole numbers (a float field that may hold a count)
+    odd: bool = False  # only odd whole numbers
+    name: str = ""  # what the numbers mean, e.g. "a share"; shown before the bounds
+
+    def __contains__(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        above = value > self.lo if self.lo_open else value >= self.lo
+        below = value < self.hi if self.hi_open else value <= self.hi
+        whole = not (self.whole or self.odd) or value == int(value)
+        return above and below and whole and (not self.odd or int(value) % 2 == 1)
+
+    def __str__(self) -> str:
+        lo, hi = (str(int(x)) if math.isfinite(x) and x == int(x) else f"{x:g}" for x in (self.lo, self.hi))
+        if self.lo == self.hi:
+            bounds = lo
+        elif self.hi == math.inf:
+            bounds = f"{'>' if self.lo_open else '≥'} {lo}"
+        elif self.lo == -math.inf:
+            bounds = f"{'<' if self.hi_open else '≤'} {hi}"
+        else:
+            bounds = f"in {'(' if self.lo_open else '['}{lo}, {hi}{')' if self.hi_open else ']'}"
+        return f"{self.name} {bounds}".strip()
+
+
+def ranged(default: Any, *allowed: Interval) -> Any:
+    """A dataclass field whose value (or every element, for a list) must lie in one of `allowed`."""
+    if isinstance(default, list):
+        return field(default_factory=default.copy, metadata={"range": allowed})
+    return field(default=default, metadata={"range": allowed})
+
+
+AT_LEAST_0 = Interval(0)
+AT_LEAST_1 = Interval(1)
+POSITIVE = Interval(0, lo_open=True)
+SHARE = Interval(0, 1, lo_open=True, hi_open=True)
+ODD = Interval(1, odd=True, name="an odd number")
+# Lightning's limit_*_batches: a float up to 1.0 is a share of the batches, a whole number above 1 a count of them.
+BATCH_LIMIT = (
+    Interval(0, 1, lo_open=True, name="a share"),
+    Interval(1, lo_open=True, whole=True, name="a whole count"),
+)
+SEED = Interval(0, 2**32 - 1, whole=True)  # numpy's seed range, which pl.seed_everything enforces too
+
+
 @dataclass
 class DataConfig:
     """Which scene, how it is preprocessed and split, and how patches are batched."""
@@ -28,22 +82,22 @@ class DataConfig:
     root: str | None = None  # folder holding <scene>/<file>; None means $HSLITE_DATA or the user cache dir
     download: bool = False  # fetch missing files from the scene's canonical URL (checksummed)
     drop_water_bands: bool = True  # drop the scene's conventional water-absorption bands (raw cubes only)
-    remove_bands: list[int] = field(default_factory=list)  # extra 0-based band indices to drop; [] means none
-    remove_ranges_nm: list[list[float]] = field(default_factory=list)  # [[lo, hi], ...] wavelength ranges to drop, nm
+    remove_bands: list[int] = ranged([], AT_LEAST_0)  # extra 0-based band indices to drop; [] means none
+    remove_ranges_nm: list[list[float]] = ranged([], AT_LEAST_0)  # [[lo, hi], ...] wavelength ranges to drop, nm
     normalisation: str = "zscore"  # per-band "zscore", "stretch2" (2% linear stretch) or "none"; fitted on train pixels
-    pca_components: int = 0  # PCA bands fitted on training pixels; 0 means off
-    patch_size: int = 9  # odd side of the square patch around each pixel, pixels
+    pca_components: int = ranged(0, AT_LEAST_0)  # PCA bands fitted on training pixels; 0 means off
+    patch_size: int = ranged(9, ODD)  # odd side of the square patch around each pixel, pixels
     split: str = "stratified"  # "stratified" (fraction per class), "count" (pixels per class) or "disjoint" (blocks)
-    train_fraction: float = 0.1  # share of each class's labelled pixels used for training (stratified, disjoint)
-    val_fraction: float = 0.1  # share used for validation; the rest is the test set
-    train_per_class: int = 0  # training pixels per class for split=count
-    val_per_class: int = 0  # validation pixels per class for split=count
-    block_size: int = 0  # block side for split=disjoint, pixels; 0 means 4 × patch_size
+    train_fraction: float = ranged(0.1, SHARE)  # share of each class's pixels for training (stratified, disjoint)
+    val_fraction: float = ranged(0.1, SHARE)  # share for validation; the rest (train + val < 1) is the test set
+    train_per_class: int = ranged(0, AT_LEAST_0)  # training pixels per class for split=count (≥ 1 there)
+    val_per_class: int = ranged(0, AT_LEAST_0)  # validation pixels per class for split=count
+    block_size: int = ranged(0, AT_LEAST_0)  # block side for split=disjoint, pixels; 0 means 4 × patch_size
     split_file: str | None = None  # reuse a saved split.npz instead of drawing one; None means draw from train.seed
-    batch_size: int = 64  # per-device training batch, samples
-    eval_batch_size: int = 1024  # batch for validation, test and whole-scene prediction, samples
+    batch_size: int = ranged(64, AT_LEAST_1)  # per-device training batch, samples
+    eval_batch_size: int = ranged(1024, AT_LEAST_1)  # batch for validation, test and whole-scene prediction, samples
     augment: bool = False  # random flips and 90° rotations of training patches
-    num_workers: int = 0  # DataLoader workers; 0 means gather in the training process (the gather is one op)
+    num_workers: int = ranged(0, AT_LEAST_0)  # DataLoader workers; 0 means gather in the training process
 
 
 @dataclass
@@ -58,17 +112,17 @@ class ModelConfig:
 class TrainConfig:
     """Optimisation and loop length."""
 
-    max_epochs: int = 50  # passes over the training pixels
-    max_steps: int = -1  # optimiser steps cap; -1 means no cap
-    lr: float = 1e-3  # peak AdamW learning rate
-    weight_decay: float = 1e-4  # AdamW decoupled weight decay
-    warmup_epochs: int = 2  # linear warm-up before the cosine decay, epochs; 0 means none
-    seed: int = 0  # seeds Python, NumPy, torch and the split
+    max_epochs: int = ranged(50, AT_LEAST_1)  # passes over the training pixels
+    max_steps: int = ranged(-1, Interval(-1, -1), AT_LEAST_1)  # optimiser steps cap; -1 means no cap
+    lr: float = ranged(1e-3, POSITIVE)  # peak AdamW learning rate
+    weight_decay: float = ranged(1e-4, AT_LEAST_0)  # AdamW decoupled weight decay; 0 means none
+    warmup_epochs: int = ranged(2, AT_LEAST_0)  # linear warm-up before the cosine decay, epochs; 0 means none
+    seed: int = ranged(0, SEED)  # seeds Python, NumPy, torch and the split
     class_weights: bool = False  # weight the loss by inverse class frequency of the training pixels
-    limit_train_batches: float = 1.0  # share (≤1.0) or count (>1) of training batches per epoch; 1.0 means all
-    limit_val_batches: float = 1.0  # share or count of validation batches per epoch
-    limit_test_batches: float = 1.0  # share or count of test batches; 1.0 means the whole test set
-    check_val_every_n_epoch: int = 1  # validate every this many epochs
+    limit_train_batches: float = ranged(1.0, *BATCH_LIMIT)  # share (≤ 1.0) or count (> 1) of training batches per epoch
+    limit_val_batches: float = ranged(1.0, *BATCH_LIMIT)  # share or count of validation batches per epoch
+    limit_test_batches: float = ranged(1.0, *BATCH_LIMIT)  # share or count of test batches; 1.0 means all
+    check_val_every_n_epoch: int = ranged(1, AT_LEAST_1)  # validate every this many epochs
     progress: bool = True  # rich progress bar
 
 
@@ -77,13 +131,13 @@ class ParallelConfig:
     """The layout over devices; validated as a Plan before any process starts."""
 
     accelerator: str = "auto"  # "cpu", "gpu", or "auto" (gpu when CUDA is available)
-    devices: int = 1  # devices per node (CPU processes on a CPU box)
-    num_nodes: int = 1  # nodes; more than 1 is only priced by preflight, from a topology profile
+    devices: int = ranged(1, AT_LEAST_1)  # devices per node (CPU processes on a CPU box)
+    num_nodes: int = ranged(1, AT_LEAST_1)  # nodes; more than 1 is only priced by preflight, from a topology profile
     precision: str = "32-true"  # "32-true", "bf16-mixed" or "16-mixed"
-    accumulate: int = 1  # micro-batches per optimiser step; 1 means off
+    accumulate: int = ranged(1, AT_LEAST_1)  # micro-batches per optimiser step; 1 means off
     compression: str = "none"  # gradient all-reduce compression: "none", "int8", "bf16" or "fp16"
-    chag: int = 1  # ranks sharing one batch's band groups (channel parallelism); 1 means off
-    rotation_groups: int = 0  # band groups active per step (channel-subset rotation); 0 means off
+    chag: int = ranged(1, AT_LEAST_1)  # ranks sharing one batch's band groups (channel parallelism); 1 means off
+    rotation_groups: int = ranged(0, AT_LEAST_0)  # band groups active per step (channel-subset rotation); 0 means off
     fsdp: bool = False  # shard parameters, gradients and optimiser state
 
 
@@ -93,10 +147,10 @@ class PreflightConfig:
 
     enabled: bool = True  # run the check in `hslite fit`; single-device runs skip the link measurement
     enforce: bool = True  # refuse (exit 3) a NO-GO plan; false means warn and run anyway
-    min_efficiency: float = 0.5  # GO needs ECD(N)/ECD(1) ≥ this (0.5 means r ≤ 1)
+    min_efficiency: float = ranged(0.5, Interval(0, 1, lo_open=True))  # GO needs ECD(N)/ECD(1) ≥ this (0.5: r ≤ 1)
     topology: str | None = None  # topology profile to price devices that are not visible; None means measure
     fresh: bool = False  # re-measure instead of using cached probe and link results
-    probe_steps: int = 5  # timed steps per probe, after warm-up
+    probe_steps: int = ranged(5, AT_LEAST_1)  # timed steps per probe, after warm-up
 
 
 @dataclass
@@ -120,6 +174,47 @@ class Config:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     preflight: PreflightConfig = field(default_factory=PreflightConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+
+
+def _flatten(value: Any) -> list[Any]:
+    return [x for item in value for x in _flatten(item)] if isinstance(value, list) else [value]
+
+
+def range_problems(section: Any, prefix: str = "") -> list[str]:
+    """One sentence per numeric field, in any section, whose value lies outside its declared range."""
+    problems = []
+    for f in fields(section):
+        value = getattr(section, f.name)
+        if is_dataclass(value):
+            problems += range_problems(value, f"{prefix}{f.name}.")
+            continue
+        allowed = f.metadata.get("range")
+        if allowed is None:
+            continue
+        if any(not any(x in interval for interval in allowed) for x in _flatten(value)):
+            each = "every element " if isinstance(value, list) else ""
+            problems.append(
+                f"{prefix}{f.name}={value} is out of range: {each}must be {' or '.join(map(str, allowed))}."
+            )
+    return problems
+
+
+def check_config(cfg: Config) -> Config:
+    """Raise one ConfigError listing every out-of-range value and inconsistent pair of values; return cfg."""
+    problems = range_problems(cfg)
+    d = cfg.data
+    if d.split != "count" and d.train_fraction + d.val_fraction >= 1:
+        problems.append(
+            f"data.train_fraction={d.train_fraction} + data.val_fraction={d.val_fraction} = "
+            f"{d.train_fraction + d.val_fraction:g} leaves no test pixels: the sum must be < 1; lower one of them."
+        )
+    if d.split == "count" and d.train_per_class < 1:
+        problems.append(
+            f"data.split=count needs data.train_per_class ≥ 1 (training pixels per class), got {d.train_per_class}."
+        )
+    if problems:
+        raise ConfigError(" ".join(problems))
+    return cfg
 
 
 def valid_keys(cls: type = Config, prefix: str = "") -> list[str]:
@@ -211,7 +306,7 @@ def parse_overrides(items: list[str]) -> list[tuple[str, str]]:
 
 
 def load_config(recipe: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Defaults < recipe < overrides, type-checked; `recipe=NAME` may also come in overrides."""
+    """Defaults < recipe < overrides, type- and range-checked; `recipe=NAME` may also come in overrides."""
     pairs = parse_overrides(list(overrides))
     recipe = next((v for k, v in pairs if k == "recipe"), recipe) or "quickstart"
     pairs = [(k, v) for k, v in pairs if k != "recipe"]
@@ -230,7 +325,7 @@ def load_config(recipe: str | None = None, overrides: list[str] | tuple[str, ...
         if key not in valid_keys():
             raise ConfigError(f"unknown key {key!r}.{_closest_keys(key)}")
         cfg = _merge(cfg, OmegaConf.from_dotlist([f"{key}={value}"]), "command line")
-    return OmegaConf.to_object(cfg)  # type: ignore[return-value]
+    return check_config(OmegaConf.to_object(cfg))  # type: ignore[arg-type]
 
 
 def to_yaml(cfg: Config) -> str:

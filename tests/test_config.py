@@ -1,7 +1,14 @@
-"""Recipe schema, precedence and the errors a person sees."""
+"""Recipe schema, precedence, range checks and the errors a person sees."""
+
+import re
+import subprocess
+import sys
+import types
+from dataclasses import fields, is_dataclass
 
 import pytest
 
+from hslite.cli import main
 from hslite.config import Config, list_recipes, load_config, valid_keys
 from hslite.errors import ConfigError
 
@@ -21,7 +28,7 @@ def test_shipped_recipes_are_listed_with_descriptions():
     assert all(recipes[name] for name in recipes), "every recipe needs a one-line description"
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED_RECIPES))
+@pytest.mark.parametrize("name", sorted(list_recipes()))
 def test_every_recipe_loads_and_validates(name):
     cfg = load_config(name)
     assert isinstance(cfg, Config)
@@ -95,3 +102,155 @@ def test_valid_keys_cover_every_section():
     keys = valid_keys()
     for section in ("data", "model", "train", "parallel", "preflight", "output"):
         assert any(k.startswith(section + ".") for k in keys)
+
+
+SHARE_OR_COUNT = "must be a share in (0, 1] or a whole count > 1"
+# (key, bad value, words the message must hold); every numeric field has at least one row.
+OUT_OF_RANGE = [
+    ("data.remove_bands", "[3,-1]", "every element must be ≥ 0"),
+    ("data.remove_ranges_nm", "[[-5,10]]", "every element must be ≥ 0"),
+    ("data.pca_components", "-1", "must be ≥ 0"),
+    ("data.patch_size", "0", "must be an odd number ≥ 1"),
+    ("data.patch_size", "4", "must be an odd number ≥ 1"),
+    ("data.train_fraction", "0", "must be in (0, 1)"),
+    ("data.train_fraction", "1", "must be in (0, 1)"),
+    ("data.val_fraction", "0", "must be in (0, 1)"),
+    ("data.val_fraction", "1.2", "must be in (0, 1)"),
+    ("data.train_per_class", "-1", "must be ≥ 0"),
+    ("data.val_per_class", "-1", "must be ≥ 0"),
+    ("data.block_size", "-4", "must be ≥ 0"),
+    ("data.batch_size", "0", "must be ≥ 1"),
+    ("data.eval_batch_size", "0", "must be ≥ 1"),
+    ("data.num_workers", "-1", "must be ≥ 0"),
+    ("train.max_epochs", "-3", "must be ≥ 1"),
+    ("train.max_epochs", "0", "must be ≥ 1"),
+    ("train.max_steps", "0", "must be -1 or ≥ 1"),
+    ("train.max_steps", "-2", "must be -1 or ≥ 1"),
+    ("train.lr", "-1", "must be > 0"),
+    ("train.lr", "0", "must be > 0"),
+    ("train.lr", "nan", "must be > 0"),
+    ("train.lr", "inf", "must be > 0"),
+    ("train.weight_decay", "-0.1", "must be ≥ 0"),
+    ("train.warmup_epochs", "-1", "must be ≥ 0"),
+    ("train.seed", "-1", "must be in [0, 4294967295]"),
+    ("train.seed", "4294967296", "must be in [0, 4294967295]"),
+    ("train.limit_train_batches", "0", SHARE_OR_COUNT),
+    ("train.limit_val_batches", "1.5", SHARE_OR_COUNT),
+    ("train.limit_test_batches", "-2", SHARE_OR_COUNT),
+    ("train.check_val_every_n_epoch", "0", "must be ≥ 1"),
+    ("parallel.devices", "0", "must be ≥ 1"),
+    ("parallel.num_nodes", "0", "must be ≥ 1"),
+    ("parallel.accumulate", "0", "must be ≥ 1"),
+    ("parallel.chag", "0", "must be ≥ 1"),
+    ("parallel.rotation_groups", "-1", "must be ≥ 0"),
+    ("preflight.min_efficiency", "0", "must be in (0, 1]"),
+    ("preflight.min_efficiency", "1.5", "must be in (0, 1]"),
+    ("preflight.probe_steps", "0", "must be ≥ 1"),
+]
+
+
+@pytest.mark.parametrize(("key", "value", "words"), OUT_OF_RANGE)
+def test_out_of_range_value_names_field_value_and_range(key, value, words):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [f"{key}={value}"])
+    message = str(err.value)
+    assert message.startswith(f"{key}=") and "is out of range" in message and words in message, message
+
+
+@pytest.fixture
+def fit_must_not_run(monkeypatch):
+    """A stand-in for hslite.fit (which imports torch): a range error must stop the CLI before it is reached."""
+    stub = types.ModuleType("hslite.fit")
+    stub.__getattr__ = lambda name: pytest.fail(f"the CLI reached hslite.fit.{name} with a bad config")
+    monkeypatch.setitem(sys.modules, "hslite.fit", stub)
+
+
+@pytest.mark.parametrize(("key", "value", "words"), OUT_OF_RANGE)
+def test_out_of_range_value_is_exit_2_without_traceback(key, value, words, capsys, fit_must_not_run):
+    assert main(["fit", f"{key}={value}"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"hslite: error: {key}=") and words in captured.err, captured.err
+    assert "Traceback" not in captured.err and captured.out == ""
+
+
+def test_range_message_is_one_sentence_saying_what_to_do():
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["train.max_epochs=-3"])
+    assert str(err.value) == "train.max_epochs=-3 is out of range: must be ≥ 1."
+
+
+def test_every_bad_value_is_reported_at_once():
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["train.max_epochs=-3", "train.lr=-1", "parallel.devices=0"])
+    message = str(err.value)
+    assert all(key in message for key in ("train.max_epochs=-3", "train.lr=-1.0", "parallel.devices=0"))
+
+
+def test_recipe_values_are_range_checked_too(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("train:\n  max_steps: 0\n")
+    with pytest.raises(ConfigError, match=r"train.max_steps=0 is out of range: must be -1 or ≥ 1"):
+        load_config(str(path))
+    assert load_config(str(path), ["train.max_steps=-1"]).train.max_steps == -1  # the override fixes it
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "train.max_steps=-1",
+        "train.max_steps=1",
+        "train.limit_train_batches=1.0",
+        "train.limit_train_batches=0.25",
+        "train.limit_val_batches=2",
+        "train.seed=4294967295",
+        "data.patch_size=1",
+        "data.remove_bands=[0,5]",
+        "train.weight_decay=0",
+        "train.warmup_epochs=0",
+        "preflight.min_efficiency=1",
+        "parallel.rotation_groups=0",
+        "data.pca_components=0",
+    ],
+)
+def test_edge_values_inside_the_range_load(override):
+    load_config(None, [override])
+
+
+def test_fractions_must_leave_test_pixels():
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["data.train_fraction=0.6", "data.val_fraction=0.4"])
+    assert "data.train_fraction=0.6 + data.val_fraction=0.4" in str(err.value) and "must be < 1" in str(err.value)
+    load_config(
+        None, ["data.split=count", "data.train_per_class=5", "data.train_fraction=0.6", "data.val_fraction=0.4"]
+    )
+
+
+def test_count_split_needs_training_pixels():
+    with pytest.raises(ConfigError, match=r"data.split=count needs data.train_per_class ≥ 1 .*got 0"):
+        load_config(None, ["data.split=count"])
+
+
+def _numeric_fields(section, prefix=""):
+    for f in fields(section):
+        if is_dataclass(f.default_factory):
+            yield from _numeric_fields(f.default_factory, f"{prefix}{f.name}.")
+        elif re.search(r"\b(int|float)\b", str(f.type)):
+            yield prefix + f.name, f
+
+
+def test_every_numeric_field_declares_a_range_and_has_a_bad_value_row():
+    numeric = dict(_numeric_fields(Config))
+    assert {"train.lr", "train.seed", "data.remove_ranges_nm", "preflight.min_efficiency"} <= set(numeric)
+    assert [key for key, f in numeric.items() if "range" not in f.metadata] == []
+    assert set(numeric) == {key for key, _, _ in OUT_OF_RANGE}
+
+
+@pytest.mark.parametrize("command", ["fit", "preflight"])
+def test_a_range_error_stops_the_cli_before_torch_is_imported(command):
+    probe = (
+        f"import sys; from hslite.cli import main; code = main([{command!r}, 'train.lr=-1', 'parallel.devices=0']); "
+        "print(code, 'torch' in sys.modules, 'lightning' in sys.modules)"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert result.stdout.split() == ["2", "False", "False"], result.stderr
+    assert "train.lr=-1.0 is out of range: must be > 0. parallel.devices=0 is out of range" in result.stderr
