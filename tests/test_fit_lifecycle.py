@@ -1,0 +1,134 @@
+"""A run folder a person can trust: the README's `hslite fit` from an empty folder, evidence kept on failure and
+interruption, checkpoints that always load, and a best checkpoint that does not stop at the first saturated epoch."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from hslite.checkpoints import BestCheckpoint, atomic_torch_save, load_weights
+from hslite.cli import main
+
+QUICK = ["data.scene=synthetic_tiny", "train.progress=false", "output.save_map=false", "preflight.probe_steps=2"]
+
+
+def _hslite() -> list[str]:
+    """The console script the README runs, from the environment running the tests."""
+    script = Path(sys.executable).with_name("hslite")
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "hslite.cli"]
+
+
+def _loads(checkpoint: Path) -> bool:
+    return bool(load_weights(checkpoint))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_readme_main_job_runs_from_an_empty_folder_with_no_arguments(tmp_path):
+    result = subprocess.run(_hslite() + ["fit"], cwd=tmp_path, capture_output=True, text=True, timeout=280)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    (run,) = (tmp_path / "runs" / "quickstart").iterdir()  # the default, relative output.root
+    assert not run.name.endswith((".incomplete", ".failed"))
+    for name in ("config.yaml", "split.npz", "metrics.json", "preflight.json", "confusion.png", "map.png"):
+        assert (run / name).is_file(), name
+    assert _loads(run / "checkpoints" / "best.ckpt")
+
+
+def test_a_failure_after_training_keeps_the_evidence(tmp_path, monkeypatch, capsys):
+    from hslite import fit as fit_module
+
+    def broken_plot(*args, **kwargs):
+        raise RuntimeError("the plotting backend fell over")
+
+    monkeypatch.setattr(fit_module, "plot_confusion", broken_plot)
+    with pytest.raises(RuntimeError, match="plotting backend"):
+        main(["fit", "recipe=quickstart", *QUICK, "train.max_epochs=2", f"output.root={tmp_path}"])
+    (run,) = (tmp_path / "quickstart").iterdir()
+    assert run.name.endswith(".failed")
+    error = (run / "error.txt").read_text()
+    assert error.startswith("RuntimeError: the plotting backend fell over") and "Traceback" in error  # a bug report
+    assert (run / "config.yaml").is_file() and (run / "logs" / "metrics.csv").is_file()
+    assert _loads(run / "checkpoints" / "best.ckpt") and _loads(run / "checkpoints" / "last.ckpt")
+    assert not (run / "metrics.json").exists()  # nothing that did not finish looks finished
+    assert str(run) in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("signum", "suffix", "exit_code"), [
+    (signal.SIGINT, ".failed", 130), (signal.SIGTERM, ".failed", 143), (signal.SIGKILL, ".incomplete", -9),
+])  # fmt: skip
+def test_an_interrupted_fit_keeps_a_checkpoint_that_loads(tmp_path, signum, suffix, exit_code):
+    command = _hslite() + ["fit", "recipe=quickstart", *QUICK, "train.max_epochs=100000", f"output.root={tmp_path}"]
+    process = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 200
+    while not list(tmp_path.glob("quickstart/*/checkpoints/best.ckpt")) and time.monotonic() < deadline:
+        assert process.poll() is None, process.communicate()
+        time.sleep(0.2)
+    time.sleep(0.5)  # a few more epochs: the signal may land anywhere in the loop, a checkpoint write included
+    os.kill(process.pid, signum)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == exit_code, err[-3000:]
+    (run,) = (tmp_path / "quickstart").iterdir()
+    assert run.name.endswith(suffix)
+    assert _loads(run / "checkpoints" / "best.ckpt")
+    if signum != signal.SIGKILL:
+        assert (run / "error.txt").read_text().startswith(f"interrupted by {signum.name}")
+        assert _loads(run / "checkpoints" / "last.ckpt") and "Traceback" not in err
+
+
+def test_an_interrupted_checkpoint_write_leaves_the_previous_one_loadable(tmp_path, monkeypatch):
+    path = tmp_path / "best.ckpt"
+    atomic_torch_save({"state_dict": {"w": torch.ones(3)}}, path)
+
+    def dies_half_way(payload, f):
+        f.write(b"PK\x03\x04 half a zip")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", dies_half_way)
+    with pytest.raises(KeyboardInterrupt):
+        atomic_torch_save({"state_dict": {"w": torch.zeros(3)}}, path)
+    assert torch.equal(load_weights(path)["w"], torch.ones(3))
+    assert [p.name for p in tmp_path.iterdir()] == ["best.ckpt"]  # no temporary file left behind
+
+
+class _Strategy:
+    @staticmethod
+    def reduce_boolean_decision(decision: bool, all: bool = True) -> bool:
+        return decision
+
+
+class _Trainer:
+    strategy = _Strategy()
+
+
+def test_a_tie_on_validation_accuracy_goes_to_the_later_epoch(tmp_path):
+    checkpoint = BestCheckpoint(tmp_path)
+    checkpoint.best_k_models = {"best.ckpt": torch.tensor(0.98)}
+    checkpoint.kth_best_model_path = "best.ckpt"
+    trainer = _Trainer()
+    assert checkpoint.check_monitor_top_k(trainer, torch.tensor(0.98))  # equal: the later epoch replaces it
+    assert checkpoint.check_monitor_top_k(trainer, torch.tensor(0.99))
+    assert not checkpoint.check_monitor_top_k(trainer, torch.tensor(0.97))
+
+
+def test_the_best_checkpoint_is_the_last_epoch_of_those_with_the_best_accuracy(tmp_path):
+    import csv
+
+    # synthetic_tiny is easy: validation OA saturates within a few epochs, and later epochs tie with it.
+    assert main(["fit", "recipe=quickstart", *QUICK, "train.max_epochs=8", f"output.root={tmp_path}"]) == 0
+    (run,) = (tmp_path / "quickstart").iterdir()
+    rows = [row for row in csv.DictReader((run / "logs" / "metrics.csv").open()) if row.get("val/OA")]
+    accuracy = {int(row["epoch"]): float(row["val/OA"]) for row in rows}
+    best = max(accuracy.values())
+    expected_epoch = max(epoch for epoch, value in accuracy.items() if value == best)
+    saved = torch.load(run / "checkpoints" / "best.ckpt", map_location="cpu", weights_only=True)
+    assert saved["epoch"] == expected_epoch
