@@ -23,7 +23,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from hslite.parallel.compression import CompressionState, bf16_hook, int8_hook
+from hslite.parallel.compression import bf16_hook, int8_hook
+from hslite.parallel.compression_state import CompressionState
 from hslite.parallel.wire_format import wire_bytes
 
 MB = 2**20

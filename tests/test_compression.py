@@ -17,13 +17,13 @@ from torch import nn
 
 from hslite.errors import ConfigError
 from hslite.parallel.compression import (
-    CompressionState,
     bf16_hook,
     fp16_hook,
     fp32_hook,
     int8_hook,
     make_hook,
 )
+from hslite.parallel.compression_state import CompressionState
 from hslite.parallel.wire_format import shard_layout, wire_bytes
 
 SCRIPTS = Path(__file__).parent / "_dist_scripts"

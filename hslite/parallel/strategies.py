@@ -14,7 +14,8 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch.nn.parallel import DistributedDataParallel
 
 from hslite.errors import ConfigError
-from hslite.parallel.compression import CompressionState, dispatch_hook
+from hslite.parallel.compression import dispatch_hook
+from hslite.parallel.compression_state import CompressionState
 from hslite.parallel.wire_format import DEFAULT_CHUNK_ELEMS, check_kind
 
 CHECKPOINT_KEY = "hslite_compression"  # top-level checkpoint entry: {"world_size": N, "ranks": [state per rank]}

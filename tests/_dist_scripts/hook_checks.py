@@ -15,10 +15,10 @@ from _ranks import FakeBucket, main
 from torch import nn
 
 from hslite.parallel.compression import (
-    CompressionState,
     dispatch_hook,
     int8_hook,
 )
+from hslite.parallel.compression_state import CompressionState
 from hslite.parallel.wire_format import shard_layout, wire_bytes
 
 CHUNK = 2048
