@@ -1,22 +1,27 @@
 """Patch loading throughput: the vectorised PatchDataset against a per-sample Dataset, and against memory bandwidth.
 
-Run:  python benchmarks/patches.py  [--seconds 1.5] [--threads 1]
+Run:  python benchmarks/patches.py  [--seconds 1.5] [--threads 1] [--repeats 3]
 
 Scene synthetic_indian_pines (145x145x200), patch 9, batch 256, every labelled pixel, shuffled, one thread for every
-variant. Rows:
-  vectorised         PatchDataset.__getitems__ through a DataLoader (collate_patches), contiguous (n, B, p, p) float32,
-                     a fresh output tensor per batch (what HSIDataModule hands to a model)
-  vectorised NHWC    same, PatchGatherer(channels_last=True): same shape, channels-last strides
-  gather, reused     PatchGatherer.gather into one preallocated buffer, no DataLoader: the buffer stays in cache, a
-                     ceiling for a loader that must hand out fresh batches (NHWC row: the layout of the ~260k/s probe)
-  per-sample         numpy slice + transpose per item, default collate (the common baseline)
+variant, best of interleaved rounds. Rows:
+  vectorised           PatchDataset.__getitems__ through a DataLoader (collate_patches), contiguous (n, B, p, p)
+                       float32, a fresh output tensor per batch: what HSIDataModule hands to a model
+  vectorised NHWC      same, PatchGatherer(channels_last=True): same shape, channels-last strides
+  gather, reused       PatchGatherer.gather into one preallocated buffer, no DataLoader
+  NHWC gather, reused  the same for the channels-last layout: its one copy, nearly the ceiling for this cube
+  per-sample           numpy slice + transpose per item, default collate (the common baseline)
 Copy bandwidth is a large tensor.copy_ (bytes read + written); the pipeline's bandwidth counts the bytes of each
-output batch once written and once read, as a copy of the same bytes would.
+output batch once written and once read, as a copy of the same bytes would. The last line measures the first row.
 
-What limits the contiguous layout: in it a patch is B*p rows of only p floats, so the single index_select copies
-n*B*p short rows (~8 ns each on the reference machine). The NHWC layout copies n*p*p whole spectra (B floats) and runs
-at or above memory bandwidth when batches stay in cache. The per-sample baseline itself already reaches about a third
-of copy bandwidth on a machine with a large cache, which bounds the attainable ratio.
+Measured on the 2-core AMD EPYC (AVX2, 32 MiB L3, 1 MiB L2 per core), torch 2.13, seven runs on a shared machine:
+copy 23-28 GB/s; vectorised 54-68k samples/s = 25-34 % of copy (1.9-2.4x per-sample); gather into a reused buffer
+68-81k (32-39 %); NHWC 90-132k (43-61 %) and 143-184k reused (69-87 %); per-sample 23-32k (11-15 %).
+
+What limits each: the NHWC layout is one `index_select` of n*p runs of p*B floats from the pixel-major cube, bound
+by the cube's memory (and, fresh, by allocating 16 MB a batch). The contiguous layout needs a (p*p, B) -> (B, p*p)
+transpose per sample on top: the gather, fbgemm's transpose and the copy into the batch run one after another, a
+few samples at a time (see hslite/datasets/patches.py), and the two extra passes cost about as much as the gather.
+The old band-major gather of n*B*p rows of p floats ran at 27k/s (11 %) here.
 """
 
 from __future__ import annotations

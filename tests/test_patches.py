@@ -1,6 +1,8 @@
-"""Vectorised patch gathering equals naive slicing; augmentation; batches through a real DataLoader."""
+"""Vectorised patch gathering equals naive slicing; augmentation; pickling; batches through a real DataLoader."""
 
 from __future__ import annotations
+
+import pickle
 
 import numpy as np
 import pytest
@@ -14,48 +16,120 @@ from hslite.errors import DataError
 
 def _naive(padded: np.ndarray, coords: np.ndarray, p: int) -> torch.Tensor:
     """Reference: one slice + transpose per sample."""
+    bands = padded.shape[2]
+    if len(coords) == 0:
+        return torch.empty((0, bands, p, p))
     return torch.stack([torch.from_numpy(padded[r : r + p, c : c + p].transpose(2, 0, 1).copy()) for r, c in coords])
+
+
+def _padded(p: int, bands: int, rows: int = 11, cols: int = 13) -> np.ndarray:
+    rng = np.random.default_rng(bands * 100 + p)
+    return pad_reflect(rng.normal(size=(rows, cols, bands)).astype(np.float32), p)
 
 
 @pytest.fixture(scope="module")
 def padded():
-    rng = np.random.default_rng(0)
-    return pad_reflect(rng.normal(size=(11, 13, 6)).astype(np.float32), 5)
+    return _padded(5, 6)
 
 
 def _all_coords(rows=11, cols=13):
     return np.stack(np.divmod(np.arange(rows * cols), cols), axis=1)
 
 
-@pytest.mark.parametrize("channels_last", [False, True])
-def test_gather_equals_naive_slicing(padded, channels_last):
-    gatherer = PatchGatherer(padded, 5, channels_last=channels_last)
-    coords = _all_coords()
+def _batch(n: int, seed: int = 0) -> np.ndarray:
+    """n coordinates that start with the four corners and edge pixels, then random pixels (repeats allowed)."""
+    edges = np.array([[0, 0], [0, 12], [10, 0], [10, 12], [0, 6], [10, 6], [5, 0], [5, 12]])
+    rest = np.random.default_rng(seed).integers(0, [11, 13], size=(max(0, n - len(edges)), 2))
+    return np.concatenate([edges, rest])[:n]
+
+
+@pytest.mark.parametrize("p", [1, 3, 9])
+@pytest.mark.parametrize("bands", [1, 2, 7, 33])
+@pytest.mark.parametrize("chunk", [None, 1, 3])  # None: the default, sized from CHUNK_BYTES
+@pytest.mark.parametrize("n", [0, 1, 5, 8, 37])  # 37 samples leave a short last chunk for chunks of 3 (and 7)
+def test_gather_equals_naive_slicing(p, bands, chunk, n):
+    padded = _padded(p, bands)
+    gatherer = PatchGatherer(padded, p)
+    if chunk is not None:
+        gatherer.samples_per_chunk = chunk
+    coords = _batch(n)
     patches = gatherer.gather(torch.from_numpy(coords))
-    assert patches.shape == (143, 6, 5, 5) and patches.dtype == torch.float32
-    assert patches.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
-    assert torch.equal(patches, _naive(padded, coords, 5))
-    memory_format = torch.channels_last if channels_last else torch.contiguous_format
-    out = torch.empty((3, 6, 5, 5), memory_format=memory_format)
-    assert gatherer.gather(torch.tensor([[0, 0], [10, 12], [5, 7]]), out=out) is out
-    assert torch.equal(out, _naive(padded, np.array([[0, 0], [10, 12], [5, 7]]), 5))
+    assert patches.shape == (n, bands, p, p) and patches.dtype == torch.float32 and patches.is_contiguous()
+    assert torch.equal(patches, _naive(padded, coords, p))
 
 
-def test_gather_rejects_bad_sizes(padded):
+@pytest.mark.parametrize("p", [1, 3, 9])
+@pytest.mark.parametrize("bands", [1, 7])
+def test_channels_last_gather_equals_naive_slicing(p, bands):
+    padded = _padded(p, bands)
+    coords = _batch(37)
+    patches = PatchGatherer(padded, p, channels_last=True).gather(torch.from_numpy(coords))
+    assert patches.shape == (37, bands, p, p) and patches.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(patches, _naive(padded, coords, p))
+
+
+def test_gather_whole_image_and_default_chunk_boundaries(padded):
+    gatherer = PatchGatherer(padded, 5)
+    gatherer.samples_per_chunk = 7  # 143 pixels: 20 whole chunks and a short one
+    coords = _all_coords()
+    assert torch.equal(gatherer.gather(torch.from_numpy(coords)), _naive(padded, coords, 5))
+    assert PatchGatherer(_padded(9, 200), 9).samples_per_chunk >= 2  # a few IP-sized samples per chunk
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_gather_into_a_callers_buffer(padded, channels_last):
+    gatherer = PatchGatherer(padded, 5, channels_last=channels_last)
+    coords = np.array([[0, 0], [10, 12], [5, 7]])
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    out = torch.full((3, 6, 5, 5), float("nan")).contiguous(memory_format=layout)
+    assert gatherer.gather(torch.from_numpy(coords), out=out) is out
+    assert torch.equal(out, _naive(padded, coords, 5))
+
+
+def test_gather_into_a_slice_of_a_larger_buffer(padded):
+    coords = np.array([[0, 0], [10, 12], [5, 7]])
+    gatherer = PatchGatherer(padded, 5)
+    gatherer.samples_per_chunk = 2
+    big = torch.zeros((5, 6, 5, 5))
+    gatherer.gather(torch.from_numpy(coords), out=big[1:4])
+    assert torch.equal(big[1:4], _naive(padded, coords, 5))
+    assert not big[0].any() and not big[4].any()
+
+
+def test_gather_rejects_bad_sizes_and_buffers(padded):
     with pytest.raises(DataError, match="odd patch_size"):
         PatchGatherer(padded, 4)
     gatherer = PatchGatherer(padded, 5)
+    two = torch.zeros((2, 2), dtype=torch.long)
     with pytest.raises(DataError, match="shape"):
-        gatherer.gather(torch.zeros((2, 2), dtype=torch.long), out=torch.empty(3, 6, 5, 5))
+        gatherer.gather(two, out=torch.empty(3, 6, 5, 5))
+    with pytest.raises(DataError, match="float32"):
+        gatherer.gather(two, out=torch.empty(2, 6, 5, 5, dtype=torch.float64))
+    with pytest.raises(DataError, match="contiguous_format contiguous"):
+        gatherer.gather(two, out=torch.empty(2, 6, 5, 5).contiguous(memory_format=torch.channels_last))
+    with pytest.raises(DataError, match="channels_last contiguous"):
+        PatchGatherer(padded, 5, channels_last=True).gather(two, out=torch.empty(2, 6, 5, 5))
     with pytest.raises(DataError, match="outside the 11x13 image"):
         PatchDataset(gatherer, np.array([[11, 0]]), np.array([0]))
+
+
+def test_gatherer_pickles_without_its_view(padded):
+    gatherer = PatchGatherer(padded, 5)
+    coords = torch.from_numpy(_batch(20))
+    before = gatherer.gather(coords)  # builds the overlapping runs view
+    blob = pickle.dumps(gatherer)
+    assert len(blob) < 2 * padded.nbytes  # the cube once, not the view's p*B-float rows
+    copy = pickle.loads(blob)
+    assert copy.samples_per_chunk == gatherer.samples_per_chunk
+    assert torch.equal(copy.gather(coords), before)
 
 
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_augment_keeps_values_and_uses_all_eight_symmetries(padded, channels_last):
     x = PatchGatherer(padded, 5, channels_last=channels_last).gather(torch.from_numpy(_all_coords()))
     out = augment_batch(x, torch.Generator().manual_seed(0))
-    assert out.shape == x.shape
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    assert out.shape == x.shape and out.is_contiguous(memory_format=layout)
     # each sample/band keeps its multiset of values
     assert torch.equal(x.flatten(2).sort(dim=2).values, out.flatten(2).sort(dim=2).values)
     symmetries = []
@@ -81,6 +155,8 @@ def test_getitems_through_a_real_dataloader_matches_naive(padded):
         assert y.dtype == torch.int64 and y.tolist() == labels[chosen].tolist()
     x7, y7 = dataset[7]
     assert torch.equal(x7, _naive(padded, coords[[7]], 5)[0]) and int(y7) == labels[7]
+    first, _ = batches[0]
+    assert all(first.data_ptr() != x.data_ptr() for x, _ in batches[1:])  # a fresh tensor per batch
 
 
 def test_dataloader_with_workers_and_augmentation(padded):

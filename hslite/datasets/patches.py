@@ -1,16 +1,30 @@
-"""Vectorised patch extraction: the padded cube lives once as a tensor and a batch of patches is one gather.
+"""Vectorised patch extraction: the padded cube lives once as a tensor and a batch is gathered a few samples at a time.
 
-Layout and speed (benchmarks/patches.py, one thread, IP-sized scene, 9x9 patches, batch 256): in the default
-contiguous (n, B, p, p) layout a batch is n*B*p rows of p floats, copied by ONE `index_select` from an overlapping
-strided view of the band-major cube (the offset grid is the view's strides plus a (B*p,) offset vector): ~55-58k
-samples/s, 1.8x a per-sample loader, ~60 % of copy bandwidth. Short rows are the limit. With `channels_last=True` the
-cube is pixel-major and a batch is n*p*p whole spectra (B floats each), returned with the same (n, B, p, p) shape and
-NHWC strides: ~95-135k samples/s (3-4x), useful for models whose first layer takes channels-last input.
+Layout: the models take contiguous (n, B, p, p) float32 patches, in which a patch row is only p floats. The cube is
+stored pixel-major, (H+2r, W+2r, B), where the same patch row is ONE run of p*B floats (p neighbouring spectra).
+For a chunk of a few samples, (1) `index_select` copies the chunk's p runs per sample (one memcpy each) into a
+staging buffer that stays in cache, (2) `torch.channel_shuffle` transposes each sample from (p*p, B) to (B, p*p)
+(the chunk viewed as a channels-last tensor with one pixel per sample: its CPU kernel is fbgemm's SIMD transpose),
+and (3) the result is copied into the batch. CHUNK_BYTES sets the chunk from the patch size, not from any cache:
+a few samples, whose staging plus the shuffle's output is 1 MiB, within the L2 of the cores seen so far.
+
+Measured (benchmarks/patches.py on the 2-core AMD EPYC: AVX2, 32 MiB L3, 1 MiB L2 per core; torch 2.13, one
+thread; IP-sized scene, 9x9 patches, batch 256, a fresh batch per step through a DataLoader): 54-68k samples/s,
+25-34 % of copy bandwidth, about 2.2x a per-sample loader; the old single `index_select` of n*B*p rows of p floats
+from a band-major cube ran at 27k/s (11 %) on the same machine. Profiled per batch: the runs gather ~45 % (it
+waits on the cube's memory), the transpose ~30 % and the copy into the batch ~25 %. That copy exists because
+`channel_shuffle` has no `out=` (its `.out` overload copies too), and no other torch CPU op both transposes with
+SIMD and writes into a given tensor; a strided `copy_` or a numpy transpose is 2-5x slower than fbgemm's. Fusing
+the three steps would need a kernel of our own. With `channels_last=True` a batch is the runs themselves,
+(n, B, p, p) with NHWC strides, one copy: 90-132k/s (43-61 %; 69-87 % into a reused buffer), for a consumer that
+takes channels-last input.
 
 Buffers: `gather(coords, out=...)` fills a caller's buffer, but `PatchDataset` allocates a fresh tensor per batch.
 A DataLoader may hold several batches at once (Lightning prefetches one; worker batches travel through shared
 memory that the consumer maps), so a recycled buffer could be overwritten while a model still reads it. Fresh
-allocation cost 3-8 % against a reused buffer, so safety wins.
+allocation costs the contiguous layout 6-14 % against a reused buffer here (the NHWC one 20-40 %); a pool that
+reused a buffer only once no tensor held it (numpy-backed, by reference count) measured no gain for the contiguous
+layout, so batches are plain `torch.empty`.
 """
 
 from __future__ import annotations
@@ -23,12 +37,15 @@ from torch.utils.data import Dataset, get_worker_info
 
 from hslite.errors import DataError
 
+CHUNK_BYTES = 512 * 1024  # bytes of patches per chunk (8 IP-sized ones); 256 KiB-1 MiB measured the same
+
 
 class PatchGatherer:
     """Hold a padded (H+2r, W+2r, B) cube once as a tensor and gather p x p patches around (row, col) centres.
 
-    Coordinates are those of the unpadded image: patch (row, col) covers padded rows row..row+p-1. With
-    `channels_last=False` (default) patches come back contiguous; with True, as NHWC-strided (n, B, p, p) tensors.
+    Coordinates are those of the unpadded image: patch (row, col) covers padded rows row..row+p-1. Patches come
+    back as contiguous (n, B, p, p) float32 tensors, or with `channels_last=True` as (n, B, p, p) tensors with NHWC
+    strides (no transpose: one copy at memory speed, for a consumer that takes channels-last input).
     """
 
     def __init__(
@@ -50,30 +67,23 @@ class PatchGatherer:
         self.rows = self.padded_rows - self.patch_size + 1
         self.cols = self.padded_cols - self.patch_size + 1
         self.device = torch.device(device)
-        p, plane = self.patch_size, self.padded_rows * self.padded_cols
-        if self.channels_last:
-            self.storage = cube.reshape(plane, self.num_bands).to(self.device).contiguous()  # one spectrum per row
-            offsets = torch.arange(p)[:, None] * self.padded_cols + torch.arange(p)[None, :]
-        else:
-            self.storage = cube.permute(2, 0, 1).to(self.device).contiguous()  # (B, H+2r, W+2r)
-            offsets = torch.arange(self.num_bands)[:, None] * plane + torch.arange(p)[None, :] * self.padded_cols
-        self.offsets = offsets.reshape(-1).to(self.device)  # (p*p,) or (B*p,) flat offsets from a patch's corner
-        self._rows_view: torch.Tensor | None = None
+        self.storage = cube.to(self.device).contiguous().reshape(-1)  # pixel-major: spectrum after spectrum
+        self.row_offsets = torch.arange(self.patch_size, device=self.device) * self.padded_cols
+        # Off the CPU a chunk costs kernel launches, not cache misses: take the batch whole there.
+        self.samples_per_chunk = max(1, CHUNK_BYTES // self.nbytes_per_patch) if self.device.type == "cpu" else None
+        self._runs_view: torch.Tensor | None = None
 
-    def _view(self) -> torch.Tensor:
-        # Built lazily (and dropped when pickled): row a of the view is the p floats starting at flat position a.
-        if self._rows_view is None:
-            if self.channels_last:
-                self._rows_view = self.storage
-            else:
-                flat = self.storage.reshape(-1)
-                p = self.patch_size
-                self._rows_view = flat.as_strided((flat.numel() - p + 1, p), (1, 1))
-        return self._rows_view
+    def _runs(self) -> torch.Tensor:
+        # Built lazily (and dropped when pickled): row a is the p*B floats of pixels a..a+p-1, an overlapping view.
+        if self._runs_view is None:
+            run = self.patch_size * self.num_bands
+            rows = self.storage.numel() // self.num_bands - self.patch_size + 1
+            self._runs_view = self.storage.as_strided((rows, run), (self.num_bands, 1))
+        return self._runs_view
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_rows_view"] = None
+        state["_runs_view"] = None
         return state
 
     @property
@@ -84,21 +94,39 @@ class PatchGatherer:
     def gather(self, coords: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Return the (n, B, p, p) float32 patches centred on `coords` (n, 2) long (row, col), in `out` if given.
 
-        Coordinates are not range-checked here (PatchDataset checks them once); out-of-range ones raise or wrap.
+        `out` must be a float32 tensor of that shape on this device, contiguous in the gatherer's layout. Coordinates
+        are not range-checked here (PatchDataset checks them once); out-of-range ones raise or wrap.
         """
         coords = coords.to(self.device, torch.long)
         n, b, p = coords.shape[0], self.num_bands, self.patch_size
-        corners = coords[:, 0] * self.padded_cols + coords[:, 1]
-        index = (corners[:, None] + self.offsets[None, :]).reshape(-1)
+        layout = torch.channels_last if self.channels_last else torch.contiguous_format
         if out is None:
-            memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
-            out = torch.empty((n, b, p, p), dtype=torch.float32, device=self.device, memory_format=memory_format)
-        if tuple(out.shape) != (n, b, p, p) or out.dtype != torch.float32:
+            out = torch.empty((n, b, p, p), dtype=torch.float32, device=self.device, memory_format=layout)
+        elif (
+            tuple(out.shape) != (n, b, p, p)
+            or out.dtype != torch.float32
+            or out.device != self.storage.device
+            or not out.is_contiguous(memory_format=layout)
+        ):
             raise DataError(
-                f"out must be a float32 tensor of shape {(n, b, p, p)}; got {out.dtype} {tuple(out.shape)}."
+                f"out must be a float32 tensor of shape {(n, b, p, p)} on {self.storage.device}, {layout} "
+                f"contiguous; got {out.dtype} {tuple(out.shape)} on {out.device} with strides {out.stride()}."
             )
-        rows_out = out.permute(0, 2, 3, 1) if self.channels_last else out
-        torch.index_select(self._view(), 0, index, out=rows_out.view(-1, b if self.channels_last else p))
+        if n == 0:
+            return out
+        # First pixel of each of a patch's p rows, patch after patch: (n*p,) indices into the runs view.
+        starts = (coords[:, :1] * self.padded_cols + coords[:, 1:] + self.row_offsets).reshape(-1)
+        if self.channels_last or p == 1 or b == 1:  # the runs are the batch ((p*p, B) is (B, p*p) if p or B is 1)
+            torch.index_select(self._runs(), 0, starts, out=out.permute(0, 2, 3, 1).view(n * p, p * b))
+            return out
+        size, chunk = b * p * p, min(n, self.samples_per_chunk or n)
+        staging = torch.empty((chunk * p, p * b), dtype=torch.float32, device=self.device)  # reused per chunk
+        pixels = staging.as_strided((chunk, size, 1, 1), (size, 1, size, size))  # one channels-last pixel per sample
+        for rows, patches in zip(starts.split(chunk * p), out.view(n, size, 1, 1).split(chunk), strict=True):
+            count = patches.shape[0]  # the last chunk may be short
+            torch.index_select(self._runs(), 0, rows, out=staging if count == chunk else staging[: count * p])
+            # channel m*B + band -> band*p*p + m, i.e. (p*p, B) -> (B, p*p) per sample; fbgemm's SIMD transpose on CPU
+            patches.copy_(torch.channel_shuffle(pixels if count == chunk else pixels[:count], p * p))
         return out
 
 
