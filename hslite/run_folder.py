@@ -3,7 +3,8 @@
 A failed or interrupted run keeps everything it wrote (config, split, logs, last and best checkpoints) and gains
 `error.txt`; nothing that did not finish ever looks finished. A run killed outright (`kill -9`) stays
 `.incomplete`. SIGTERM is turned into an interruption while the run folder is open, so a scheduler's stop keeps the
-evidence like Ctrl-C does.
+evidence like Ctrl-C does. The signal is remembered, not inferred from the exception: a KeyboardInterrupt raised
+inside a C++ callback (torch.save writing a checkpoint) surfaces as a RuntimeError, and is still an interruption.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class RunFolder:
         self.path = parent  # the folder as it is named now; set on entry
         self._stamp = ""
         self._signal: int | None = None
-        self._previous_sigterm: object = None
+        self._previous_handlers: dict[int, object] = {}
 
     def __enter__(self) -> RunFolder:
         self.parent.mkdir(parents=True, exist_ok=True)
@@ -55,23 +56,25 @@ class RunFolder:
                 continue
         self.path = self.parent / f"{self._stamp}.incomplete"
         if threading.current_thread() is threading.main_thread():
-            self._previous_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
+            self._previous_handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         return self
 
-    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signal = signum
         raise KeyboardInterrupt  # unwinds Lightning and hslite alike, to __exit__
 
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
     ) -> None:
-        if self._previous_sigterm is not None:
-            signal.signal(signal.SIGTERM, self._previous_sigterm)  # type: ignore[arg-type]
+        for signum, handler in self._previous_handlers.items():
+            signal.signal(signum, handler)  # type: ignore[arg-type]
         if error is None:
             self._rename(self._stamp)
             return
         self._rename(f"{self._stamp}.failed")
-        interrupted = isinstance(error, (KeyboardInterrupt, SystemExit))  # Lightning exits 1 on KeyboardInterrupt
+        # Lightning turns a KeyboardInterrupt into SystemExit(1); a KeyboardInterrupt raised by another thread's
+        # code or the default handler (no signal of ours) still counts as Ctrl-C.
+        interrupted = self._signal is not None or isinstance(error, (KeyboardInterrupt, SystemExit))
         signum = self._signal or signal.SIGINT
         if interrupted:
             summary = f"interrupted by {signal.Signals(signum).name}"

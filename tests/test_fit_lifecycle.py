@@ -132,3 +132,31 @@ def test_the_best_checkpoint_is_the_last_epoch_of_those_with_the_best_accuracy(t
     expected_epoch = max(epoch for epoch, value in accuracy.items() if value == best)
     saved = torch.load(run / "checkpoints" / "best.ckpt", map_location="cpu", weights_only=True)
     assert saved["epoch"] == expected_epoch
+
+
+def test_a_run_folder_is_renamed_when_done_and_keeps_a_users_error_without_a_traceback(tmp_path):
+    from hslite.errors import DataError
+    from hslite.run_folder import RunFolder
+
+    with RunFolder(tmp_path) as done:
+        assert done.path.name.endswith(".incomplete") and done.path.is_dir()
+    assert done.path.is_dir() and "." not in done.path.name
+    with pytest.raises(DataError), RunFolder(tmp_path) as failed:
+        raise DataError("the cube has NaNs in band 7")
+    assert failed.path.name.endswith(".failed") and failed.path != done.path
+    assert (failed.path / "error.txt").read_text() == "DataError: the cube has NaNs in band 7\n\n"
+
+
+def test_a_signal_is_an_interruption_even_when_it_surfaces_as_another_error(tmp_path):
+    from hslite.run_folder import RunFolder, RunInterrupted
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(RunInterrupted) as caught, RunFolder(tmp_path) as run:
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler runs here
+        except KeyboardInterrupt:  # what torch.save's C++ writer turns a KeyboardInterrupt raised inside it into
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos") from None
+    assert caught.value.exit_code == 143
+    assert (run.path / "error.txt").read_text().startswith("interrupted by SIGTERM")
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler is gone with the run folder
