@@ -62,6 +62,14 @@ def build_datamodule(cfg: Config) -> HSIDataModule:
     )
 
 
+def prepared_datamodule(cfg: Config) -> HSIDataModule:
+    """The recipe's datamodule with its files checked (downloaded when allowed) and its split and patches built."""
+    datamodule = build_datamodule(cfg)
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    return datamodule
+
+
 def build_model(cfg: Config, datamodule: HSIDataModule) -> nn.Module:
     """The registered model sized for the datamodule's bands, classes and patch (the datamodule must be set up)."""
     return get_model(

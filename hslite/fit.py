@@ -19,12 +19,12 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 
-from hslite.build import build_datamodule, build_task, plan_from_config
+from hslite.build import build_task, plan_from_config, prepared_datamodule
 from hslite.checkpoints import AtomicCheckpointIO, BestCheckpoint, load_weights
 from hslite.config import Config, to_yaml
 from hslite.datasets.datamodule import HSIDataModule
 from hslite.datasets.io import write_geotiff
-from hslite.parallel.compression_guard import LEVEL_BITS
+from hslite.parallel.compression_guard import kind_at_level
 from hslite.parallel.plan import Plan, check_visible, trainer_kwargs
 from hslite.parallel.rank_setup import quiet_lightning
 from hslite.parallel.timing import TrainThroughput
@@ -91,9 +91,7 @@ def fit(cfg: Config) -> RunResult:
     plan = check_visible(plan_from_config(cfg).check_applied())
     quiet_lightning()
     pl.seed_everything(cfg.train.seed, workers=True, verbose=False)
-    datamodule = build_datamodule(cfg)
-    datamodule.prepare_data()
-    datamodule.setup("fit")
+    datamodule = prepared_datamodule(cfg)
     task = build_task(cfg, datamodule)
     verdict = _gate(cfg, plan, datamodule)
 
@@ -182,10 +180,9 @@ def _train_and_evaluate(
 def _plan_that_ran(plan: Plan, trainer: pl.Trainer) -> str:
     """The plan as it ended: the compression guard may have relaxed int8 to bf16 or none during the run."""
     bits = trainer.callback_metrics.get("compression/level")
-    if not plan.compression_enabled or bits is None or int(bits) == LEVEL_BITS[plan.compression]:
+    if not plan.compression_enabled or bits is None:
         return plan.describe()
-    final = {LEVEL_BITS["none"]: "none", LEVEL_BITS["bf16"]: "bf16"}[int(bits)]
-    return plan.with_(compression=final).describe()
+    return plan.with_(compression=kind_at_level(plan.compression, int(bits))).describe()
 
 
 def _predict_scene(trainer: pl.Trainer, task: HSIClassifier, datamodule: HSIDataModule) -> np.ndarray:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from hslite.build import build_datamodule, build_model, plan_from_config
+from hslite.build import build_model, plan_from_config, prepared_datamodule
 from hslite.config import Config
 from hslite.datasets.datamodule import HSIDataModule
 from hslite.errors import HSLiteError
@@ -46,10 +46,7 @@ def check_recipe(cfg: Config) -> Verdict:
     """The pre-flight of a recipe on its own: plan and data validated first, then `preflight_check`."""
     plan = plan_from_config(cfg).check_applied()
     quiet_lightning()
-    datamodule = build_datamodule(cfg)
-    datamodule.prepare_data()
-    datamodule.setup("fit")
-    return preflight_check(cfg, plan, datamodule)
+    return preflight_check(cfg, plan, prepared_datamodule(cfg))
 
 
 def training_batches(datamodule: HSIDataModule, seed: int) -> Callable[[int], tuple[Tensor, Tensor]]:

@@ -8,6 +8,7 @@ from hslite.cli import main
 from hslite.config import load_config
 from hslite.parallel.plan import Plan
 from hslite.preflight.measurements import LinkModel, ProbeResult
+from hslite.preflight.verdict import decide
 
 pytestmark = pytest.mark.timeout(300)
 # The 8-GPU recipe on a scene that is here: same shape and classes as Indian Pines, generated from the seed.
@@ -139,8 +140,9 @@ def test_fit_refuses_no_go_with_exit_3_and_writes_nothing(tmp_path, capsys, monk
     monkeypatch.setattr(gate, "measure_step_overhead", lambda plan, classes, fresh=False: 1e-3)
     code = main(["fit", "recipe=quickstart_cpu4", f"output.root={tmp_path}", "train.progress=false"])
     assert code == 3
-    err = capsys.readouterr().err
-    assert "NO-GO" in err and "preflight.enforce=false" in err
+    printed = capsys.readouterr()
+    assert "NO-GO" in printed.err and "preflight.enforce=false" in printed.err
+    assert "better: 1×cpu" in printed.out and "parallel.devices=1 data.batch_size=" in printed.out  # how to ask for it
     assert not (tmp_path / "quickstart_cpu4").exists()
 
 
@@ -157,3 +159,30 @@ def test_fit_saves_preflight_report_with_measured_step_time(tmp_path):
     measured = report["measured"]
     assert measured["step_seconds"] > 0 and measured["predicted_step_seconds"] > 0
     assert result.metrics["measured_step_seconds"] == measured["step_seconds"]
+
+
+@pytest.mark.parametrize("plan", [Plan(devices=1, batch_size=256), Plan(devices=4, batch_size=16, accumulate=2,
+                                  precision="bf16-mixed", compression="int8")])  # fmt: skip
+def test_the_better_plans_overrides_ask_fit_for_exactly_that_plan(plan):
+    from hslite.build import plan_from_config
+
+    cfg = load_config("quickstart", ["parallel.accelerator=cpu", *plan.overrides().split()])
+    assert plan_from_config(cfg) == plan
+
+
+def test_no_measured_pair_when_the_guard_changed_the_plan_mid_run():
+    from hslite.fit import _predicted_vs_measured
+    from hslite.preflight.costmodel import predict
+
+    plan = Plan(devices=2, compression="int8")
+    single = Plan()
+    probe = _probe(1, 0.003)
+    predictions = {p: predict(p, probe, LinkModel(1e-4, 1e9), 2**34, cpu_cores=2) for p in (plan, single)}
+    verdict = decide(plan, predictions)
+    metrics = {"median_batch_seconds": 0.01, "train_samples_per_second": 100.0}
+    relaxed = _predicted_vs_measured(
+        verdict, plan, {**metrics, "plan_that_ran": plan.with_(compression="bf16").describe()}
+    )
+    assert relaxed["measured"] is None and relaxed["plan_that_ran"] == "2×cpu dp2 b64 acc1 32-true bf16"
+    same = _predicted_vs_measured(verdict, plan, {**metrics, "plan_that_ran": plan.describe()})
+    assert same["measured"]["step_seconds"] == 0.01

@@ -145,3 +145,13 @@ def test_strategy_stores_and_switches_without_a_process_group():
         strategy.set_compression("int4")
     with pytest.raises(ConfigError, match="ddp_comm_hook"):
         CompressedDDPStrategy(ddp_comm_hook=lambda state, bucket: None)
+
+
+def test_the_kind_a_relaxed_run_ended_with_is_read_back_from_its_logged_level():
+    from hslite.parallel.compression_guard import kind_at_level
+
+    assert kind_at_level("int8", 8) == "int8"
+    assert kind_at_level("int8", 16) == "bf16" and kind_at_level("int8", 32) == "none"
+    assert kind_at_level("fp16", 16) == "fp16" and kind_at_level("fp16", 32) == "none"
+    with pytest.raises(ConfigError, match="no compression reachable"):
+        kind_at_level("bf16", 8)  # the guard never tightens

@@ -16,6 +16,19 @@ NEXT_LEVEL = {"int8": "bf16", "bf16": "none", "fp16": "none"}  # fp16 is as loss
 LEVEL_BITS = {"int8": 8, "bf16": 16, "fp16": 16, "none": 32}  # logged as compression/level: bits per element sent
 
 
+def kind_at_level(start: str, bits: int) -> str:
+    """The compression a run that started at `start` uses once its logged `compression/level` is `bits`.
+
+    The guard only ever moves down NEXT_LEVEL, so the kind is the first one on that path with this many bits.
+    """
+    kind: str | None = start
+    while kind is not None:
+        if LEVEL_BITS[kind] == bits:
+            return kind
+        kind = NEXT_LEVEL.get(kind)
+    raise ConfigError(f"no compression reachable from {start!r} sends {bits} bits per element.")
+
+
 class SwitchesCompression(Protocol):
     """What the guard needs of a strategy (CompressedDDPStrategy has it): the current level and a way to change it."""
 

@@ -110,11 +110,6 @@ class Plan:
         asked = {"chag": self.chag_enabled, "rotation_groups": self.rotation_enabled, "fsdp": self.fsdp}
         return [NOT_YET_APPLIED[name] for name, on in asked.items() if on and name in NOT_YET_APPLIED]
 
-    @property
-    def runnable(self) -> bool:
-        """Whether `trainer_kwargs` applies every field of this plan on one box."""
-        return self.num_nodes == 1 and not self.unapplied
-
     def check_applied(self) -> Plan:
         """Raise ConfigError when the plan asks for a feature that training cannot run yet; return self otherwise."""
         if self.unapplied:

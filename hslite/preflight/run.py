@@ -100,17 +100,10 @@ def run_preflight(
         pred.notes += topology.mapping_notes(plan) if topology is not None else []
         return pred
 
-    requested_prediction = price(requested)
-    plans = candidate_plans(
-        requested,
-        max_devices or requested.devices,
-        chag_supported=chag_supported,
-        include_fsdp=not requested_prediction.fits_memory or requested.fsdp,
-        bandwidth_ratio=topology.bandwidth_ratio if topology is not None else math.inf,
-        amp=amp,
+    bandwidth_ratio = topology.bandwidth_ratio if topology is not None else math.inf
+    predictions = _price_candidates(
+        requested, price, max_devices or requested.devices, chag_supported, bandwidth_ratio, amp=amp
     )
-    predictions = {plan: price(plan) for plan in plans if plan != requested}
-    predictions[requested] = requested_prediction
     return decide(requested, predictions, min_efficiency)
 
 
@@ -139,14 +132,28 @@ def price_absent_devices(
             plan, footprints[plan.precision], topology.link_for(plan), topology.device_memory_bytes, chag_link=chag_link
         )
 
+    predictions = _price_candidates(requested, price, topology.gpus_per_node, chag_supported, topology.bandwidth_ratio)
+    return decide_without_compute(requested, predictions, why_unmeasured)
+
+
+def _price_candidates(
+    requested: Plan,
+    price: Callable[[Plan], Any],
+    max_devices: int,
+    chag_supported: bool,
+    bandwidth_ratio: float,
+    amp: bool = True,
+) -> dict[Plan, Any]:
+    """Every candidate's price; FSDP joins the candidates when the requested plan does not fit (or asks for it)."""
     requested_prediction = price(requested)
     plans = candidate_plans(
         requested,
-        topology.gpus_per_node,
+        max_devices,
         chag_supported=chag_supported,
         include_fsdp=not requested_prediction.fits_memory or requested.fsdp,
-        bandwidth_ratio=topology.bandwidth_ratio,
+        bandwidth_ratio=bandwidth_ratio,
+        amp=amp,
     )
     predictions = {plan: price(plan) for plan in plans if plan != requested}
     predictions[requested] = requested_prediction
-    return decide_without_compute(requested, predictions, why_unmeasured)
+    return predictions
