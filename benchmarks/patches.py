@@ -5,7 +5,8 @@ Run:  python benchmarks/patches.py  [--seconds 1.5] [--threads 1] [--repeats 3]
 Scene synthetic_indian_pines (145x145x200), patch 9, batch 256, every labelled pixel, shuffled, one thread for every
 variant, best of interleaved rounds. Rows:
   vectorised           PatchDataset.__getitems__ through a DataLoader (collate_patches), contiguous (n, B, p, p)
-                       float32, a fresh output tensor per batch: what HSIDataModule hands to a model
+                       float32, a new batch per step: what HSIDataModule hands to a model (the C kernel)
+  vectorised, torch    the same with PatchGatherer(use_kernel=False): what an install without a C compiler gets
   vectorised NHWC      same, PatchGatherer(channels_last=True): same shape, channels-last strides
   gather, reused       PatchGatherer.gather into one preallocated buffer, no DataLoader
   NHWC gather, reused  the same for the channels-last layout: its one copy, nearly the ceiling for this cube
@@ -13,15 +14,15 @@ variant, best of interleaved rounds. Rows:
 Copy bandwidth is a large tensor.copy_ (bytes read + written); the pipeline's bandwidth counts the bytes of each
 output batch once written and once read, as a copy of the same bytes would. The last line measures the first row.
 
-Measured on the 2-core AMD EPYC (AVX2, 32 MiB L3, 1 MiB L2 per core), torch 2.13, seven runs on a shared machine:
-copy 23-28 GB/s; vectorised 54-68k samples/s = 25-34 % of copy (1.9-2.4x per-sample); gather into a reused buffer
-68-81k (32-39 %); NHWC 90-132k (43-61 %) and 143-184k reused (69-87 %); per-sample 23-32k (11-15 %).
+Measured on the 2-core AMD EPYC (AVX2, 32 MiB L3, 1 MiB L2 per core), torch 2.13, three runs on a shared machine:
+copy 25-26 GB/s; vectorised 107-119k samples/s = 56-60 % of copy (3.9-4.4x per-sample); gather into a reused
+buffer 122-136k (62-71 %); NHWC 137-155k (70-81 %) and 162-174k reused (83-91 %); per-sample 27k (14 %).
 
-What limits each: the NHWC layout is one `index_select` of n*p runs of p*B floats from the pixel-major cube, bound
-by the cube's memory (and, fresh, by allocating 16 MB a batch). The contiguous layout needs a (p*p, B) -> (B, p*p)
-transpose per sample on top: the gather, fbgemm's transpose and the copy into the batch run one after another, a
-few samples at a time (see hslite/datasets/patches.py), and the two extra passes cost about as much as the gather.
-The old band-major gather of n*B*p rows of p floats ran at 27k/s (11 %) here.
+What limits each: the C kernel copies B*p rows of p floats per patch from a band-major cube and prefetches the
+next patch's rows (without the prefetch: 54 % outside a DataLoader). Through a DataLoader, batches come from
+hslite.datasets.batch_buffers, reused once nothing references them: with a fresh `torch.empty` per batch the
+kernel zeroed the pages of each new 16 MB batch and the same row ran at 65-90k. The torch path gathers whole
+spectra from a pixel-major cube, then transposes and copies in cache-sized chunks (see hslite/datasets/patches.py).
 """
 
 from __future__ import annotations
@@ -114,6 +115,10 @@ def main() -> None:
     variants = {
         "vectorised": lambda: samples_per_second(
             loader(PatchDataset(PatchGatherer(padded, PATCH), coords, labels), collate_fn=collate_patches), args.seconds
+        ),
+        "vectorised, torch": lambda: samples_per_second(
+            loader(PatchDataset(PatchGatherer(padded, PATCH, use_kernel=False), coords, labels),
+                   collate_fn=collate_patches), args.seconds,
         ),
         "vectorised NHWC": lambda: samples_per_second(
             loader(PatchDataset(PatchGatherer(padded, PATCH, channels_last=True), coords, labels),

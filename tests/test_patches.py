@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import pickle
+import shutil
 
 import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from hslite.datasets.patches import PatchDataset, PatchGatherer, augment_batch, collate_patches
+from hslite.datasets.patches import PatchDataset, PatchGatherer, _patchgather, augment_batch, collate_patches
 from hslite.datasets.preprocess import pad_reflect
 from hslite.errors import DataError
 
@@ -43,19 +44,62 @@ def _batch(n: int, seed: int = 0) -> np.ndarray:
     return np.concatenate([edges, rest])[:n]
 
 
-@pytest.mark.parametrize("p", [1, 3, 9])
+def _gatherer(padded: np.ndarray, p: int, path: str) -> PatchGatherer:
+    """The C kernel, or the torch ops with the default chunk or chunks of 1 or 3 samples."""
+    if path == "kernel":
+        if _patchgather is None:
+            pytest.skip("the C kernel is not built (no C compiler at install; test_kernel_is_built says if it should)")
+        return PatchGatherer(padded, p)
+    gatherer = PatchGatherer(padded, p, use_kernel=False)
+    assert not gatherer.native
+    if path != "torch":
+        gatherer.samples_per_chunk = int(path.removeprefix("torch-chunk"))
+    return gatherer
+
+
+PATHS = ["kernel", "torch", "torch-chunk1", "torch-chunk3"]
+
+
+@pytest.mark.parametrize("p", [1, 3, 9, 17])  # 17: the kernel's copy for sizes it does not unroll
 @pytest.mark.parametrize("bands", [1, 2, 7, 33])
-@pytest.mark.parametrize("chunk", [None, 1, 3])  # None: the default, sized from CHUNK_BYTES
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("n", [0, 1, 5, 8, 37])  # 37 samples leave a short last chunk for chunks of 3 (and 7)
-def test_gather_equals_naive_slicing(p, bands, chunk, n):
+def test_gather_equals_naive_slicing(p, bands, path, n):
     padded = _padded(p, bands)
-    gatherer = PatchGatherer(padded, p)
-    if chunk is not None:
-        gatherer.samples_per_chunk = chunk
     coords = _batch(n)
-    patches = gatherer.gather(torch.from_numpy(coords))
+    patches = _gatherer(padded, p, path).gather(torch.from_numpy(coords))
     assert patches.shape == (n, bands, p, p) and patches.dtype == torch.float32 and patches.is_contiguous()
     assert torch.equal(patches, _naive(padded, coords, p))
+
+
+def test_kernel_is_built_where_a_compiler_exists():
+    if not (shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")):
+        pytest.skip("no C compiler here: the torch path gathers")
+    assert _patchgather is not None, "hslite.datasets._patchgather was not built: reinstall with `pip install -e .`"
+    assert PatchGatherer(_padded(5, 3), 5).native
+
+
+def test_kernel_refuses_what_it_cannot_read_safely(padded):
+    if _patchgather is None:
+        pytest.skip("the C kernel is not built")
+    cube = torch.from_numpy(padded).permute(2, 0, 1).contiguous().numpy()
+    out = np.full((2, 6, 5, 5), np.nan, np.float32)
+    with pytest.raises(IndexError, match="patch 1 at"):  # checked before any copy: patch 0 is not written either
+        _patchgather.gather(cube, np.array([[0, 0], [0, 13]]), out, 5)
+    assert np.isnan(out).all()
+    out = out[:1]
+    with pytest.raises(IndexError, match=r"patch 0 at \(11, 0\) falls outside the 11x13 image"):
+        _patchgather.gather(cube, np.array([[11, 0]]), out, 5)
+    with pytest.raises(IndexError, match="outside"):
+        _patchgather.gather(cube, np.array([[0, -1]]), out, 5)
+    with pytest.raises(TypeError, match="coords"):
+        _patchgather.gather(cube, np.array([[0, 0]], np.int32), out, 5)
+    with pytest.raises(TypeError, match="cube"):
+        _patchgather.gather(cube.astype(np.float64), np.array([[0, 0]]), out, 5)
+    with pytest.raises(ValueError, match="out"):
+        _patchgather.gather(cube, np.array([[0, 0]]), np.empty((1, 6, 3, 3), np.float32), 5)
+    with pytest.raises(ValueError, match="not C-contiguous|contiguous"):
+        _patchgather.gather(cube, np.array([[0, 0]]), np.empty((1, 6, 5, 10), np.float32)[..., ::2], 5)
 
 
 @pytest.mark.parametrize("p", [1, 3, 9])
@@ -69,16 +113,16 @@ def test_channels_last_gather_equals_naive_slicing(p, bands):
 
 
 def test_gather_whole_image_and_default_chunk_boundaries(padded):
-    gatherer = PatchGatherer(padded, 5)
+    gatherer = PatchGatherer(padded, 5, use_kernel=False)
     gatherer.samples_per_chunk = 7  # 143 pixels: 20 whole chunks and a short one
     coords = _all_coords()
     assert torch.equal(gatherer.gather(torch.from_numpy(coords)), _naive(padded, coords, 5))
     assert PatchGatherer(_padded(9, 200), 9).samples_per_chunk >= 2  # a few IP-sized samples per chunk
 
 
-@pytest.mark.parametrize("channels_last", [False, True])
-def test_gather_into_a_callers_buffer(padded, channels_last):
-    gatherer = PatchGatherer(padded, 5, channels_last=channels_last)
+@pytest.mark.parametrize("channels_last, use_kernel", [(False, True), (False, False), (True, False)])
+def test_gather_into_a_callers_buffer(padded, channels_last, use_kernel):
+    gatherer = PatchGatherer(padded, 5, channels_last=channels_last, use_kernel=use_kernel)
     coords = np.array([[0, 0], [10, 12], [5, 7]])
     layout = torch.channels_last if channels_last else torch.contiguous_format
     out = torch.full((3, 6, 5, 5), float("nan")).contiguous(memory_format=layout)
@@ -86,10 +130,10 @@ def test_gather_into_a_callers_buffer(padded, channels_last):
     assert torch.equal(out, _naive(padded, coords, 5))
 
 
-def test_gather_into_a_slice_of_a_larger_buffer(padded):
+@pytest.mark.parametrize("path", ["kernel", "torch-chunk2"])
+def test_gather_into_a_slice_of_a_larger_buffer(padded, path):
     coords = np.array([[0, 0], [10, 12], [5, 7]])
-    gatherer = PatchGatherer(padded, 5)
-    gatherer.samples_per_chunk = 2
+    gatherer = _gatherer(padded, 5, path)
     big = torch.zeros((5, 6, 5, 5))
     gatherer.gather(torch.from_numpy(coords), out=big[1:4])
     assert torch.equal(big[1:4], _naive(padded, coords, 5))
@@ -113,14 +157,15 @@ def test_gather_rejects_bad_sizes_and_buffers(padded):
         PatchDataset(gatherer, np.array([[11, 0]]), np.array([0]))
 
 
-def test_gatherer_pickles_without_its_view(padded):
-    gatherer = PatchGatherer(padded, 5)
+@pytest.mark.parametrize("use_kernel", [True, False])
+def test_gatherer_pickles_without_its_view(padded, use_kernel):
+    gatherer = PatchGatherer(padded, 5, use_kernel=use_kernel)
     coords = torch.from_numpy(_batch(20))
     before = gatherer.gather(coords)  # builds the overlapping runs view
     blob = pickle.dumps(gatherer)
     assert len(blob) < 2 * padded.nbytes  # the cube once, not the view's p*B-float rows
     copy = pickle.loads(blob)
-    assert copy.samples_per_chunk == gatherer.samples_per_chunk
+    assert copy.samples_per_chunk == gatherer.samples_per_chunk and copy.native == gatherer.native
     assert torch.equal(copy.gather(coords), before)
 
 

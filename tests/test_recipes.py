@@ -95,7 +95,7 @@ def test_recipe_smoke_run(recipe, tmp_path, request, monkeypatch):
 
 
 def test_wheel_holds_every_module_and_finds_recipes_by_name(tmp_path):
-    """The recipes live in the top-level recipes/ folder; a wheel must ship them as hslite.recipes.
+    """The recipes live in the top-level recipes/ folder; a wheel must ship them as hslite.recipes, and the C kernel.
 
     The package list in pyproject.toml is written out by hand (package-dir mapping), so this also checks that no
     module of the tree is left out of the wheel. The editable install is the one every other test runs under.
@@ -105,7 +105,7 @@ def test_wheel_holds_every_module_and_finds_recipes_by_name(tmp_path):
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, source / name)
     for folder in ("hslite", "recipes"):
-        shutil.copytree(REPO / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(REPO / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
     subprocess.run([*pip, "wheel", "--no-deps", "-w", tmp_path / "wheel", source], check=True, capture_output=True)
     (wheel,) = (tmp_path / "wheel").glob("hslite-*.whl")
@@ -115,6 +115,8 @@ def test_wheel_holds_every_module_and_finds_recipes_by_name(tmp_path):
     expected |= {f"hslite/recipes/{p.name}" for p in (source / "recipes").iterdir() if p.suffix in (".py", ".yaml")}
     expected |= {f"hslite/preflight/topologies/{p.name}" for p in (source / "hslite/preflight/topologies").glob("*")}
     assert sorted(expected - shipped) == []
+    if shutil.which("cc"):  # the patch gather's C kernel, compiled for the wheel (it is optional without a compiler)
+        assert any(name.startswith("hslite/datasets/_patchgather.") for name in shipped - expected)
 
     target = tmp_path / "installed"
     subprocess.run([*pip, "install", "--no-deps", "--target", target, wheel], check=True, capture_output=True)

@@ -1,41 +1,44 @@
-"""Vectorised patch extraction: the padded cube lives once as a tensor and a batch is gathered a few samples at a time.
+"""Vectorised patch extraction: the padded cube lives once as a tensor and a batch is gathered in one call.
 
-Layout: the models take contiguous (n, B, p, p) float32 patches, in which a patch row is only p floats. The cube is
-stored pixel-major, (H+2r, W+2r, B), where the same patch row is ONE run of p*B floats (p neighbouring spectra).
-For a chunk of a few samples, (1) `index_select` copies the chunk's p runs per sample (one memcpy each) into a
-staging buffer that stays in cache, (2) `torch.channel_shuffle` transposes each sample from (p*p, B) to (B, p*p)
-(the chunk viewed as a channels-last tensor with one pixel per sample: its CPU kernel is fbgemm's SIMD transpose),
-and (3) the result is copied into the batch. CHUNK_BYTES sets the chunk from the patch size, not from any cache:
-a few samples, whose staging plus the shuffle's output is 1 MiB, within the L2 of the cores seen so far.
+Layout: the models take contiguous (n, B, p, p) float32 patches, in which a patch row is only p floats.
+- On the CPU the cube is stored band-major, (B, H+2r, W+2r), and the C kernel `_patchgather` copies each patch's
+  B*p rows of p floats straight into the batch, prefetching the next sample's rows while it copies this one (they
+  lie a band plane apart, which no hardware prefetcher follows). torch's index ops pay a fixed cost per row that
+  is several times the copy of p floats: the same gather by `index_select` ran at 11 % of copy bandwidth.
+- Without the kernel (a GPU, or an install without a C compiler) and for `channels_last=True`, the cube is stored
+  pixel-major, (H+2r, W+2r, B), where a patch row is ONE run of p*B floats (p neighbouring spectra). Channels-last
+  batches are those runs, one `index_select`. For contiguous batches, a chunk of a few samples is gathered into a
+  staging buffer that stays in cache, transposed from (p*p, B) to (B, p*p) per sample by `torch.channel_shuffle`
+  (fbgemm's SIMD transpose on the CPU) and copied into the batch. CHUNK_BYTES sets the chunk from the patch size,
+  not from any cache: a few samples, whose staging plus the shuffle's output is 1 MiB.
 
 Measured (benchmarks/patches.py on the 2-core AMD EPYC: AVX2, 32 MiB L3, 1 MiB L2 per core; torch 2.13, one
-thread; IP-sized scene, 9x9 patches, batch 256, a fresh batch per step through a DataLoader): 54-68k samples/s,
-25-34 % of copy bandwidth, about 2.2x a per-sample loader; the old single `index_select` of n*B*p rows of p floats
-from a band-major cube ran at 27k/s (11 %) on the same machine. Profiled per batch: the runs gather ~45 % (it
-waits on the cube's memory), the transpose ~30 % and the copy into the batch ~25 %. That copy exists because
-`channel_shuffle` has no `out=` (its `.out` overload copies too), and no other torch CPU op both transposes with
-SIMD and writes into a given tensor; a strided `copy_` or a numpy transpose is 2-5x slower than fbgemm's. Fusing
-the three steps would need a kernel of our own. With `channels_last=True` a batch is the runs themselves,
-(n, B, p, p) with NHWC strides, one copy: 90-132k/s (43-61 %; 69-87 % into a reused buffer), for a consumer that
-takes channels-last input.
+thread; IP-sized scene, 9x9 patches, batch 256, a new batch per step through a DataLoader): the kernel 56-60 % of
+copy bandwidth (54 % without its prefetch, outside a DataLoader), the torch path 37 %, where its gather, transpose
+and copy cost about a third each.
 
-Buffers: `gather(coords, out=...)` fills a caller's buffer, but `PatchDataset` allocates a fresh tensor per batch.
-A DataLoader may hold several batches at once (Lightning prefetches one; worker batches travel through shared
-memory that the consumer maps), so a recycled buffer could be overwritten while a model still reads it. Fresh
-allocation costs the contiguous layout 6-14 % against a reused buffer here (the NHWC one 20-40 %); a pool that
-reused a buffer only once no tensor held it (numpy-backed, by reference count) measured no gain for the contiguous
-layout, so batches are plain `torch.empty`.
+Buffers: `gather(coords, out=...)` fills a caller's buffer; without `out` a batch comes from a BufferPool
+(hslite/datasets/batch_buffers.py), whose memory is reused only once no tensor references it, so a DataLoader
+that holds several batches, or a model that keeps one, never sees it overwritten.
 """
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset, get_worker_info
 
+from hslite.datasets.batch_buffers import BufferPool
 from hslite.errors import DataError
+
+_patchgather: ModuleType | None
+try:
+    from hslite.datasets import _patchgather
+except ImportError:  # installed without a C compiler: the torch path below, about two thirds of the speed
+    _patchgather = None
 
 CHUNK_BYTES = 512 * 1024  # bytes of patches per chunk (8 IP-sized ones); 256 KiB-1 MiB measured the same
 
@@ -46,6 +49,7 @@ class PatchGatherer:
     Coordinates are those of the unpadded image: patch (row, col) covers padded rows row..row+p-1. Patches come
     back as contiguous (n, B, p, p) float32 tensors, or with `channels_last=True` as (n, B, p, p) tensors with NHWC
     strides (no transpose: one copy at memory speed, for a consumer that takes channels-last input).
+    `use_kernel=False` gathers with torch ops where the C kernel would apply (to compare the two).
     """
 
     def __init__(
@@ -54,6 +58,7 @@ class PatchGatherer:
         patch_size: int,
         device: str | torch.device = "cpu",
         channels_last: bool = False,
+        use_kernel: bool = True,
     ):
         cube = torch.as_tensor(padded_cube, dtype=torch.float32)
         if cube.ndim != 3 or patch_size < 1 or patch_size % 2 == 0 or min(cube.shape[:2]) < patch_size:
@@ -67,11 +72,17 @@ class PatchGatherer:
         self.rows = self.padded_rows - self.patch_size + 1
         self.cols = self.padded_cols - self.patch_size + 1
         self.device = torch.device(device)
-        self.storage = cube.to(self.device).contiguous().reshape(-1)  # pixel-major: spectrum after spectrum
+        native = use_kernel and self.device.type == "cpu" and not channels_last
+        self._kernel = _patchgather.gather if native and _patchgather is not None else None
+        if self._kernel is not None:
+            self.storage = cube.permute(2, 0, 1).contiguous()  # band-major: the kernel copies rows of p floats
+        else:
+            self.storage = cube.to(self.device).contiguous().reshape(-1)  # pixel-major: spectrum after spectrum
         self.row_offsets = torch.arange(self.patch_size, device=self.device) * self.padded_cols
         # Off the CPU a chunk costs kernel launches, not cache misses: take the batch whole there.
         self.samples_per_chunk = max(1, CHUNK_BYTES // self.nbytes_per_patch) if self.device.type == "cpu" else None
         self._runs_view: torch.Tensor | None = None
+        self._buffers = BufferPool()
 
     def _runs(self) -> torch.Tensor:
         # Built lazily (and dropped when pickled): row a is the p*B floats of pixels a..a+p-1, an overlapping view.
@@ -81,10 +92,24 @@ class PatchGatherer:
             self._runs_view = self.storage.as_strided((rows, run), (self.num_bands, 1))
         return self._runs_view
 
+    def _new_batch(self, n: int) -> torch.Tensor:
+        b, p = self.num_bands, self.patch_size
+        if self.device.type != "cpu":
+            layout = torch.channels_last if self.channels_last else torch.contiguous_format
+            return torch.empty((n, b, p, p), dtype=torch.float32, device=self.device, memory_format=layout)
+        if self.channels_last:
+            return self._buffers.empty((n, p, p, b)).permute(0, 3, 1, 2)
+        return self._buffers.empty((n, b, p, p))
+
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_runs_view"] = None
         return state
+
+    @property
+    def native(self) -> bool:
+        """Whether the C kernel gathers (CPU, contiguous layout, built at install)."""
+        return self._kernel is not None
 
     @property
     def nbytes_per_patch(self) -> int:
@@ -101,7 +126,7 @@ class PatchGatherer:
         n, b, p = coords.shape[0], self.num_bands, self.patch_size
         layout = torch.channels_last if self.channels_last else torch.contiguous_format
         if out is None:
-            out = torch.empty((n, b, p, p), dtype=torch.float32, device=self.device, memory_format=layout)
+            out = self._new_batch(n)
         elif (
             tuple(out.shape) != (n, b, p, p)
             or out.dtype != torch.float32
@@ -113,6 +138,9 @@ class PatchGatherer:
                 f"contiguous; got {out.dtype} {tuple(out.shape)} on {out.device} with strides {out.stride()}."
             )
         if n == 0:
+            return out
+        if self._kernel is not None:
+            self._kernel(self.storage.numpy(), coords.contiguous().numpy(), out.numpy(), p)
             return out
         # First pixel of each of a patch's p rows, patch after patch: (n*p,) indices into the runs view.
         starts = (coords[:, :1] * self.padded_cols + coords[:, 1:] + self.row_offsets).reshape(-1)

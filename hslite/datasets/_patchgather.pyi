@@ -1,0 +1,3 @@
+import numpy as np
+
+def gather(cube: np.ndarray, coords: np.ndarray, out: np.ndarray, patch_size: int, /) -> np.ndarray: ...
