@@ -12,6 +12,7 @@ from torch import nn
 
 from hslite.config import Config
 from hslite.datasets.datamodule import HSIDataModule
+from hslite.errors import ConfigError
 from hslite.models import get_model
 from hslite.parallel.plan import Plan, resolve_accelerator
 from hslite.task import HSIClassifier
@@ -78,7 +79,23 @@ def build_model(cfg: Config, datamodule: HSIDataModule) -> nn.Module:
         num_classes=datamodule.num_classes,
         patch_size=cfg.data.patch_size,
         size=cfg.model.size,
+        wavelengths_nm=datamodule.input_wavelengths_nm,
     )
+
+
+def check_model_for_plan(plan: Plan, model: nn.Module) -> None:
+    """Refuse, before anything runs, a plan that splits band groups the model does not have or cannot share out."""
+    if not plan.chag_enabled:
+        return
+    from hslite.parallel.channel_groups import check_divides
+
+    band_groups = getattr(model, "band_groups", None)
+    if band_groups is None:
+        raise ConfigError(
+            f"parallel.chag={plan.chag} splits a model's band groups across ranks, and {type(model).__name__} has "
+            "none: use model.name=channel_vit, or parallel.chag=1."
+        )
+    check_divides(len(band_groups), plan.chag)
 
 
 def build_task(cfg: Config, datamodule: HSIDataModule) -> HSIClassifier:

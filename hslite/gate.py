@@ -14,10 +14,11 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from hslite.build import build_model, plan_from_config, prepared_datamodule
+from hslite.build import build_model, check_model_for_plan, plan_from_config, prepared_datamodule
 from hslite.config import Config
 from hslite.datasets.datamodule import HSIDataModule
 from hslite.errors import HSLiteError
+from hslite.models import has_band_groups
 from hslite.parallel.loop_cost import measure_step_overhead
 from hslite.parallel.plan import Plan, visible_devices
 from hslite.parallel.rank_setup import quiet_lightning
@@ -28,6 +29,8 @@ from hslite.preflight.topology import list_topologies, load_topology
 from hslite.preflight.verdict import NO_GO_EXIT_CODE, UNDECIDED_EXIT_CODE, Verdict
 
 MAX_PRICED_DEVICES = 16  # the largest box hslite is for
+# A band-group model's per-group work, the part channel groups split across ranks: its output is the group tokens.
+TOKENIZER_MODULES = ("tokenizer", "partial_aggregation")
 
 
 class PreflightRefused(HSLiteError):
@@ -46,7 +49,9 @@ def check_recipe(cfg: Config) -> Verdict:
     """The pre-flight of a recipe on its own: plan and data validated first, then `preflight_check`."""
     plan = plan_from_config(cfg).check_applied()
     quiet_lightning()
-    return preflight_check(cfg, plan, prepared_datamodule(cfg))
+    datamodule = prepared_datamodule(cfg)
+    check_model_for_plan(plan, build_model(cfg, datamodule))
+    return preflight_check(cfg, plan, datamodule)
 
 
 def training_batches(datamodule: HSIDataModule, seed: int) -> Callable[[int], tuple[Tensor, Tensor]]:
@@ -104,7 +109,7 @@ def preflight_check(cfg: Config, plan: Plan, datamodule: HSIDataModule, *, singl
             lambda p: measure_footprint(model_factory, make_batch, batch_size=p.batch_size, precision=p.precision),
             topology,
             f"this box has no GPU, so the {plan.describe()} plan's step time cannot be timed here",
-            chag_supported=cfg.model.name == "channel_vit",
+            chag_supported=has_band_groups(cfg.model.name),
         )
         verdict.reasons.append(f"links and device memory from the topology profile {cfg.preflight.topology!r}")
         return verdict
@@ -115,8 +120,9 @@ def preflight_check(cfg: Config, plan: Plan, datamodule: HSIDataModule, *, singl
         "steps": cfg.preflight.probe_steps,
         "measure_compression": plan.compression_enabled,
     }
-    if cfg.model.name == "channel_vit":
-        probe_kwargs["tokenizer_modules"] = ("tokenizer", "partial_aggregation")
+    if has_band_groups(cfg.model.name):
+        probe_kwargs["tokenizer_modules"] = TOKENIZER_MODULES
+        probe_kwargs["band_groups"] = len(model_factory().band_groups)  # type: ignore[arg-type]
     notes = [f"links and device memory from the topology profile {cfg.preflight.topology!r}"] if topology else []
     if topology is not None:
         notes.append("training-loop cost of several ranks not measurable here: one local rank's figure is used")
@@ -135,7 +141,7 @@ def preflight_check(cfg: Config, plan: Plan, datamodule: HSIDataModule, *, singl
         cfg.preflight.min_efficiency,
         1 if single_device_only else (None if topology else max(plan.devices, min(have, MAX_PRICED_DEVICES))),
         topology=topology,
-        chag_supported=cfg.model.name == "channel_vit",
+        chag_supported=has_band_groups(cfg.model.name),
         loop_seconds_for=loop_seconds_for,
         amp=not single_device_only,
     )

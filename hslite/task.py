@@ -7,12 +7,16 @@ indices; -1 marks an unlabelled pixel and is ignored by the loss and the metrics
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import lightning.pytorch as pl
 import torch
 from torch import nn
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassCohenKappa, MulticlassConfusionMatrix
+
+if TYPE_CHECKING:
+    from hslite.parallel.channel_groups import ChannelGroups
 
 IGNORE_INDEX = -1
 
@@ -43,6 +47,7 @@ class HSIClassifier(pl.LightningModule):
         self.lr = lr
         self.weight_decay = weight_decay
         self.warmup_epochs = warmup_epochs
+        self.channel_groups: ChannelGroups | None = None  # set on each rank by a channel-group strategy
         self.save_hyperparameters(ignore=["model", "class_weights"])
         self.configure_losses(class_weights)
         self.configure_metrics()
@@ -68,7 +73,9 @@ class HSIClassifier(pl.LightningModule):
         self.test_confusion = MulticlassConfusionMatrix(c, ignore_index=IGNORE_INDEX)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits for a batch of patches (n, B, p, p)."""
+        """Logits for a batch of patches (n, B, p, p), over this rank's band groups under channel groups."""
+        if self.channel_groups is not None:
+            return self.channel_groups(self.model, x)  # type: ignore[arg-type]
         return self.model(x)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:

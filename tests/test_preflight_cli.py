@@ -80,12 +80,17 @@ def test_unknown_topology_is_a_usage_error(capsys):
     ("overrides", "words"),
     [
         (["parallel.devices=2", "parallel.fsdp=true"], "FSDP sharding (parallel.fsdp=true) is not available yet"),
-        (["parallel.devices=2", "parallel.chag=2"], "channel groups (parallel.chag > 1) is not available yet"),
+        (["parallel.devices=2", "parallel.chag=2"], "CNN1D has none: use model.name=channel_vit, or parallel.chag=1"),
+        (
+            ["parallel.devices=3", "parallel.chag=3", "model.name=channel_vit"],
+            "parallel.chag=3 must divide the model's 4 band groups (each rank owns the same number): "
+            "use chag in [1, 2, 4]",
+        ),
         (["parallel.rotation_groups=2"], "channel-subset rotation (parallel.rotation_groups > 0) is not available"),
     ],
 )
 @pytest.mark.parametrize("command", ["fit", "preflight"])
-def test_a_plan_that_training_cannot_run_yet_is_refused_up_front(command, overrides, words, tmp_path, capsys):
+def test_a_plan_that_training_cannot_run_is_refused_up_front(command, overrides, words, tmp_path, capsys):
     code = main([command, "recipe=quickstart", f"output.root={tmp_path}", "train.progress=false", *overrides])
     err = capsys.readouterr().err
     assert code == 2 and words in err and "Traceback" not in err

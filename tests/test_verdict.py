@@ -176,7 +176,9 @@ def test_candidates_leave_out_what_training_cannot_run_yet():
     requested = Plan(devices=4, accelerator="gpu", batch_size=64)
     plans = candidate_plans(requested, 4, chag_supported=True, include_fsdp=True)
     assert plans and not any(plan.unapplied for plan in plans)
-    assert not any(p.fsdp or p.chag_enabled or p.rotation_enabled for p in plans)
+    assert not any(p.fsdp or p.rotation_enabled for p in plans)
+    assert any(p.chag_enabled for p in plans)  # channel groups train, so they are proposed for band-group models
+    assert not any(p.chag_enabled for p in candidate_plans(requested, 4, chag_supported=False))
     single = candidate_plans(requested.with_(devices=1, accumulate=4), 1, amp=False)
     assert {p.precision for p in single} == {"32-true"} and all(p.world_size == 1 for p in single)
 

@@ -226,6 +226,11 @@ class HSIDataModule(lightning.LightningDataModule):
         return self._wavelengths
 
     @property
+    def input_wavelengths_nm(self) -> np.ndarray | None:
+        """Centres of the bands the model sees, or None when they have none (no wavelengths, or PCA components)."""
+        return None if self.pca_components else self.wavelengths_nm
+
+    @property
     def normaliser(self) -> BandNormalizer:
         """The BandNormalizer fitted on training pixels."""
         return self._ready(self._normaliser)

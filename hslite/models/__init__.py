@@ -1,8 +1,10 @@
 """Model registry: a plain dict from name to class; ``get_model`` checks every argument before building."""
 
 import difflib
+from collections.abc import Sequence
 from typing import Any, Protocol
 
+import numpy as np
 from torch import nn
 
 from hslite.errors import ModelError
@@ -42,13 +44,29 @@ def describe_models() -> dict[str, str]:
     return {name: f"{cls.SUMMARY} ({cls.PAPER})" for name, cls in _MODELS.items()}
 
 
+def has_band_groups(name: str) -> bool:
+    """Whether model ``name`` encodes band groups separately (``encode_group`` / ``aggregate`` / ``head``).
+
+    That boundary is where channel groups split a model across ranks and channel-subset rotation leaves groups out.
+    """
+    return bool(getattr(_MODELS.get(name), "BAND_GROUPS", False))
+
+
 def get_model(
-    name: str, *, in_bands: int, num_classes: int, patch_size: int, size: str = "small", **kwargs: object
+    name: str,
+    *,
+    in_bands: int,
+    num_classes: int,
+    patch_size: int,
+    size: str = "small",
+    wavelengths_nm: Sequence[float] | np.ndarray | None = None,
+    **kwargs: object,
 ) -> nn.Module:
     """Build model ``name`` at preset ``size`` for (n, in_bands, patch_size, patch_size) inputs.
 
-    ``kwargs`` override single hyper-parameters of the preset (e.g. ``num_groups=8`` for channel_vit). Raises
-    ModelError for an unknown name, size or hyper-parameter, a wrongly typed value, or sizes that do not fit.
+    ``kwargs`` override single hyper-parameters of the preset (e.g. ``num_groups=8`` for channel_vit). Band-group
+    models align their groups to spectral regions with ``wavelengths_nm`` (one per input band; None: equal groups).
+    Raises ModelError for an unknown name, size or hyper-parameter, a wrongly typed value, or sizes that do not fit.
     """
     if name not in _MODELS:
         close = difflib.get_close_matches(str(name), _MODELS, n=1)
@@ -72,6 +90,8 @@ def get_model(
         raise ModelError(
             f"patch_size must be odd so the patch has a centre pixel; got {patch_size}. Use {patch_size + 1}."
         )
+    if getattr(cls, "BAND_GROUPS", False):
+        hparams["wavelengths_nm"] = wavelengths_nm
     return cls(in_bands=in_bands, num_classes=num_classes, patch_size=patch_size, **hparams)
 
 

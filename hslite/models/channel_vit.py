@@ -1,27 +1,21 @@
 """Channel ViT with hierarchical cross-channel aggregation, split at explicit band-group boundaries.
 
-Pipeline: fixed contiguous band groups -> per-band tokens of s×s sub-patches (shared linear + band embedding) ->
+Pipeline: fixed contiguous band groups (aligned to VIS / NIR / SWIR-1 / SWIR-2 when the wavelengths are known,
+see band_groups.py) -> per-band tokens of s×s sub-patches (shared linear + band embedding) ->
 within-group cross-attention with a learned query per group (``encode_group``) -> cross-attention across the group
 tokens (``aggregate``) -> transformer over the spatial tokens (``head``). A channel-group-parallel wrapper runs
 ``encode_group`` for its own groups, gathers the results and calls ``aggregate`` and ``head``; the model itself
 knows nothing about ranks.
 """
 
+from collections.abc import Sequence
+
+import numpy as np
 import torch
 from torch import nn
 
 from hslite.errors import ModelError
-
-
-def contiguous_band_groups(num_bands: int, num_groups: int) -> list[tuple[int, int]]:
-    """Split bands 0..num_bands into num_groups contiguous (start, stop) ranges whose sizes differ by at most one."""
-    base, extra = divmod(num_bands, num_groups)
-    groups, start = [], 0
-    for index in range(num_groups):
-        stop = start + base + (index < extra)
-        groups.append((start, stop))
-        start = stop
-    return groups
+from hslite.models.band_groups import spectral_band_groups
 
 
 class QueryCrossAttention(nn.Module):
@@ -54,6 +48,7 @@ class ChannelViT(nn.Module):
     giving 9 spatial tokens at patch 9 or 11; an 11-pixel patch is centre-cropped to 9 so sub-patches tile it.
     """
 
+    BAND_GROUPS = True  # encode_group / aggregate / head: what channel groups and rotation split at
     SUMMARY = "channel ViT: per-band tokens, within- then across-group cross-attention, ViT over space"
     PAPER = "Tsaris et al. 2025, Distributed Cross-Channel Hierarchical Aggregation for Foundation Models (D-CHAG)"
     SIZES = {
@@ -74,6 +69,7 @@ class ChannelViT(nn.Module):
         num_groups: int,
         subpatch: int,
         dropout: float,
+        wavelengths_nm: Sequence[float] | np.ndarray | None = None,
     ) -> None:
         super().__init__()
         if not 1 <= num_groups <= in_bands:
@@ -89,17 +85,21 @@ class ChannelViT(nn.Module):
                 f"channel_vit: subpatch must be between 1 and patch_size {patch_size}; got {subpatch}. "
                 "Pass subpatch=0 to pick one automatically."
             )
-        self.band_groups = contiguous_band_groups(in_bands, num_groups)
+        self.band_groups = spectral_band_groups(wavelengths_nm, in_bands, num_groups)
         self.subpatch = subpatch
         self.tokens_per_side = patch_size // subpatch
         self.crop_start = (patch_size - self.tokens_per_side * subpatch) // 2
         num_spatial_tokens = self.tokens_per_side**2
 
+        # What belongs to one band group is a parameter of its own: a group that channel-subset rotation leaves out
+        # of a step then gets no gradient, so the optimiser leaves it (and its moments) alone that step.
         self.tokenizer = nn.Linear(subpatch * subpatch, dim)
-        self.band_embedding = nn.Parameter(torch.randn(in_bands, dim) * 0.02)
-        self.group_queries = nn.Parameter(torch.randn(num_groups, dim) * 0.02)
+        self.band_embeddings = nn.ParameterList(
+            nn.Parameter(torch.randn(stop - start, dim) * 0.02) for start, stop in self.band_groups
+        )
+        self.group_queries = nn.ParameterList(nn.Parameter(torch.randn(dim) * 0.02) for _ in self.band_groups)
         self.partial_aggregation = QueryCrossAttention(dim, heads, mlp_ratio, dropout)
-        self.group_embedding = nn.Parameter(torch.randn(num_groups, dim) * 0.02)
+        self.group_embeddings = nn.ParameterList(nn.Parameter(torch.randn(dim) * 0.02) for _ in self.band_groups)
         self.final_query = nn.Parameter(torch.randn(dim) * 0.02)
         self.final_aggregation = QueryCrossAttention(dim, heads, mlp_ratio, dropout)
 
@@ -115,13 +115,13 @@ class ChannelViT(nn.Module):
         self.norm = nn.LayerNorm(dim)
         self.classifier = nn.Linear(dim, num_classes)
 
-    def _band_tokens(self, x_group: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    def _band_tokens(self, x_group: torch.Tensor, group_index: int) -> torch.Tensor:
         """(n, b_g, p, p) -> (n, b_g, L, dim): one token per band and s×s sub-patch."""
         s, side, c = self.subpatch, self.tokens_per_side, self.crop_start
         n, bands = x_group.shape[:2]
         x = x_group[..., c : c + side * s, c : c + side * s]
         x = x.reshape(n, bands, side, s, side, s).permute(0, 1, 2, 4, 3, 5).reshape(n, bands, side * side, s * s)
-        return self.tokenizer(x) + self.band_embedding[start:stop, None, :]
+        return self.tokenizer(x) + self.band_embeddings[group_index][:, None, :]
 
     def encode_group(self, x_group: torch.Tensor, group_index: int) -> torch.Tensor:
         """Tokenize one band group and aggregate its bands at each spatial position: (n, b_g, p, p) -> (n, L, dim)."""
@@ -131,23 +131,24 @@ class ChannelViT(nn.Module):
                 f"channel_vit: group {group_index} holds bands {start}..{stop - 1} ({stop - start} bands) but got "
                 f"{x_group.shape[1]}; pass x[:, {start}:{stop}]."
             )
-        tokens = self._band_tokens(x_group, start, stop)
+        tokens = self._band_tokens(x_group, group_index)
         n, bands, num_spatial, dim = tokens.shape
         per_position = tokens.transpose(1, 2).reshape(n * num_spatial, bands, dim)
-        return self.partial_aggregation(self.group_queries[group_index], per_position).view(n, num_spatial, dim)
+        query = self.group_queries[group_index]
+        return self.partial_aggregation(query, per_position).view(n, num_spatial, dim)
 
-    def aggregate(self, group_tokens: torch.Tensor, group_indices: torch.Tensor | list[int]) -> torch.Tensor:
+    def aggregate(self, group_tokens: torch.Tensor, group_indices: Sequence[int]) -> torch.Tensor:
         """Cross-attend over the given groups' tokens at each spatial position: (n, G_active, L, dim) -> (n, L, dim).
 
         Any subset of groups may be given (channel-subset rotation); ``group_indices`` says which, in order.
         """
-        indices = torch.as_tensor(group_indices, dtype=torch.long, device=group_tokens.device)
-        if indices.numel() != group_tokens.shape[1]:
+        if len(group_indices) != group_tokens.shape[1]:
             raise ModelError(
-                f"channel_vit: {group_tokens.shape[1]} group token sets but {indices.numel()} group indices; "
+                f"channel_vit: {group_tokens.shape[1]} group token sets but {len(group_indices)} group indices; "
                 "pass one index per group in group_tokens."
             )
-        tokens = group_tokens + self.group_embedding[indices][None, :, None, :]
+        embeddings = torch.stack([self.group_embeddings[int(index)] for index in group_indices])
+        tokens = group_tokens + embeddings[None, :, None, :]
         n, groups, num_spatial, dim = tokens.shape
         per_position = tokens.transpose(1, 2).reshape(n * num_spatial, groups, dim)
         return self.final_aggregation(self.final_query, per_position).view(n, num_spatial, dim)

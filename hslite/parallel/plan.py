@@ -18,9 +18,8 @@ COMPRESSIONS = ("none", "int8", "bf16", "fp16")
 CPU_PROCESSES_PER_CORE = 2  # gloo ranks a fit may start per core: enough to measure sharing, not to thrash
 # Plan fields the pre-flight can price but `trainer_kwargs` does not apply yet. A plan that sets one is refused
 # before anything runs and is never proposed, so what is priced is always what runs. An entry goes when the
-# feature is built (channel groups and rotation: parallel/channel_groups.py, rotation.py; FSDP: parallel/fsdp.py).
+# feature is built (rotation: parallel/rotation.py; FSDP: parallel/fsdp.py).
 NOT_YET_APPLIED = {
-    "chag": "channel groups (parallel.chag > 1)",
     "rotation_groups": "channel-subset rotation (parallel.rotation_groups > 0)",
     "fsdp": "FSDP sharding (parallel.fsdp=true)",
 }
@@ -128,7 +127,7 @@ class Plan:
         """The `key=value` overrides that ask `hslite fit` for this plan (the fields that set the layout)."""
         return (
             f"parallel.devices={self.devices} data.batch_size={self.batch_size} parallel.accumulate={self.accumulate} "
-            f"parallel.precision={self.precision} parallel.compression={self.compression}"
+            f"parallel.precision={self.precision} parallel.compression={self.compression} parallel.chag={self.chag}"
         )
 
     def describe(self) -> str:
@@ -244,6 +243,12 @@ def _ddp_strategy(plan: Plan) -> Any:
         "process_group_backend": "gloo" if plan.accelerator == "cpu" else "nccl",
         "timeout": timedelta(minutes=5),  # a rank that died should fail the run in minutes, not torch's 30
     }
+    if plan.chag_enabled:
+        from hslite.parallel.channel_groups import ChannelGroupCompressedDDPStrategy, ChannelGroupDDPStrategy
+
+        if plan.compression_enabled:
+            return ChannelGroupCompressedDDPStrategy(plan.chag, compression=plan.compression, **options)
+        return ChannelGroupDDPStrategy(plan.chag, **options)
     if plan.compression_enabled:
         from hslite.parallel.strategies import CompressedDDPStrategy
 
