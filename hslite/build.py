@@ -13,8 +13,10 @@ from torch import nn
 from hslite.config import Config
 from hslite.datasets.datamodule import HSIDataModule
 from hslite.errors import ConfigError
-from hslite.models import get_model
+from hslite.models import get_model, has_band_groups
+from hslite.models.band_groups import spectral_band_groups
 from hslite.parallel.plan import Plan, resolve_accelerator
+from hslite.parallel.rotation import DEFAULT_GROUPS, RotationSchedule, check_rotation
 from hslite.task import HSIClassifier
 
 
@@ -73,6 +75,7 @@ def prepared_datamodule(cfg: Config) -> HSIDataModule:
 
 def build_model(cfg: Config, datamodule: HSIDataModule) -> nn.Module:
     """The registered model sized for the datamodule's bands, classes and patch (the datamodule must be set up)."""
+    groups = {"num_groups": cfg.model.band_groups} if cfg.model.band_groups and has_band_groups(cfg.model.name) else {}
     return get_model(
         cfg.model.name,
         in_bands=datamodule.num_bands,
@@ -80,22 +83,32 @@ def build_model(cfg: Config, datamodule: HSIDataModule) -> nn.Module:
         patch_size=cfg.data.patch_size,
         size=cfg.model.size,
         wavelengths_nm=datamodule.input_wavelengths_nm,
+        **groups,
     )
 
 
-def check_model_for_plan(plan: Plan, model: nn.Module) -> None:
-    """Refuse, before anything runs, a plan that splits band groups the model does not have or cannot share out."""
-    if not plan.chag_enabled:
-        return
-    from hslite.parallel.channel_groups import check_divides
+def band_groups_for(cfg: Config, datamodule: HSIDataModule, model: nn.Module) -> list[tuple[int, int]]:
+    """The model's own band groups, or for a model without them the groups rotation masks (model.band_groups)."""
+    own = getattr(model, "band_groups", None)
+    if own is not None:
+        return list(own)
+    count = min(cfg.model.band_groups or DEFAULT_GROUPS, datamodule.num_bands)
+    return spectral_band_groups(datamodule.input_wavelengths_nm, datamodule.num_bands, count)
 
-    band_groups = getattr(model, "band_groups", None)
-    if band_groups is None:
-        raise ConfigError(
-            f"parallel.chag={plan.chag} splits a model's band groups across ranks, and {type(model).__name__} has "
-            "none: use model.name=channel_vit, or parallel.chag=1."
-        )
-    check_divides(len(band_groups), plan.chag)
+
+def check_model_for_plan(plan: Plan, model: nn.Module, band_groups: list[tuple[int, int]]) -> None:
+    """Refuse, before anything runs, band groups the plan cannot split across ranks or rotate through."""
+    if plan.chag_enabled:
+        from hslite.parallel.channel_groups import check_divides
+
+        if getattr(model, "band_groups", None) is None:
+            raise ConfigError(
+                f"parallel.chag={plan.chag} splits a model's band groups across ranks, and {type(model).__name__} "
+                "has none: use model.name=channel_vit, or parallel.chag=1."
+            )
+        check_divides(len(band_groups), plan.chag)
+    if plan.rotation_enabled:
+        check_rotation(len(band_groups), plan.rotation_groups, plan.chag)
 
 
 def build_task(cfg: Config, datamodule: HSIDataModule) -> HSIClassifier:
@@ -106,11 +119,18 @@ def build_task(cfg: Config, datamodule: HSIDataModule) -> HSIClassifier:
         labels = datamodule.scene.gt[train[:, 0], train[:, 1]] - 1
         counts = np.bincount(labels, minlength=datamodule.num_classes).astype(np.float64)
         weights = torch.tensor(counts.sum() / np.maximum(counts, 1) / datamodule.num_classes, dtype=torch.float32)
-    return HSIClassifier(
-        build_model(cfg, datamodule),
+    model = build_model(cfg, datamodule)
+    task = HSIClassifier(
+        model,
         num_classes=datamodule.num_classes,
         lr=cfg.train.lr,
         weight_decay=cfg.train.weight_decay,
         warmup_epochs=cfg.train.warmup_epochs,
         class_weights=weights,
     )
+    plan = plan_from_config(cfg)
+    band_groups = band_groups_for(cfg, datamodule, model)
+    check_model_for_plan(plan, model, band_groups)
+    if plan.rotation_enabled:
+        task.rotation = RotationSchedule(band_groups, plan.rotation_groups, cfg.train.seed, plan.chag)
+    return task

@@ -19,7 +19,7 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 
-from hslite.build import build_task, check_model_for_plan, plan_from_config, prepared_datamodule
+from hslite.build import build_task, plan_from_config, prepared_datamodule
 from hslite.checkpoints import AtomicCheckpointIO, BestCheckpoint, load_weights
 from hslite.config import Config, to_yaml
 from hslite.datasets.datamodule import HSIDataModule
@@ -92,8 +92,7 @@ def fit(cfg: Config) -> RunResult:
     quiet_lightning()
     pl.seed_everything(cfg.train.seed, workers=True, verbose=False)
     datamodule = prepared_datamodule(cfg)
-    task = build_task(cfg, datamodule)
-    check_model_for_plan(plan, task.model)
+    task = build_task(cfg, datamodule)  # refuses band groups the plan cannot split or rotate
     verdict = _gate(cfg, plan, datamodule)
 
     with RunFolder(Path(cfg.output.root) / cfg.recipe) as run:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from hslite.build import build_model, check_model_for_plan, plan_from_config, prepared_datamodule
+from hslite.build import build_model, build_task, plan_from_config, prepared_datamodule
 from hslite.config import Config
 from hslite.datasets.datamodule import HSIDataModule
 from hslite.errors import HSLiteError
@@ -50,7 +50,7 @@ def check_recipe(cfg: Config) -> Verdict:
     plan = plan_from_config(cfg).check_applied()
     quiet_lightning()
     datamodule = prepared_datamodule(cfg)
-    check_model_for_plan(plan, build_model(cfg, datamodule))
+    build_task(cfg, datamodule)  # refuses band groups the plan cannot split or rotate, before any probe
     return preflight_check(cfg, plan, datamodule)
 
 

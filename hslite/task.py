@@ -17,6 +17,7 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassCohenKappa
 
 if TYPE_CHECKING:
     from hslite.parallel.channel_groups import ChannelGroups
+    from hslite.parallel.rotation import RotationSchedule
 
 IGNORE_INDEX = -1
 
@@ -48,6 +49,7 @@ class HSIClassifier(pl.LightningModule):
         self.weight_decay = weight_decay
         self.warmup_epochs = warmup_epochs
         self.channel_groups: ChannelGroups | None = None  # set on each rank by a channel-group strategy
+        self.rotation: RotationSchedule | None = None  # channel-subset rotation of the training steps
         self.save_hyperparameters(ignore=["model", "class_weights"])
         self.configure_losses(class_weights)
         self.configure_metrics()
@@ -81,11 +83,20 @@ class HSIClassifier(pl.LightningModule):
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         """One optimisation step's loss."""
         x, y = batch
-        logits = self(x)
+        logits = self._training_logits(x)
         loss = self.loss(logits, y)
         self.train_metrics.update(logits.detach(), y)
         self.log("train/loss", loss, prog_bar=True, batch_size=len(y))
         return loss
+
+    def _training_logits(self, x: torch.Tensor) -> torch.Tensor:
+        # Under rotation only this optimiser step's band groups take part; evaluation always sees them all.
+        if self.rotation is None:
+            return self(x)
+        active = self.rotation.active_groups(self.global_step)
+        if self.channel_groups is not None:
+            return self.channel_groups(self.model, x, active)  # type: ignore[arg-type]
+        return self.rotation.forward(self.model, x, active)
 
     def on_train_epoch_end(self) -> None:
         """Log the epoch's training metrics."""

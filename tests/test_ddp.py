@@ -12,6 +12,7 @@ from hslite.datasets.patches import PatchDataset, collate_patches
 from hslite.datasets.scenes import load_scene
 from hslite.models import get_model
 from hslite.parallel.plan import Plan, trainer_kwargs
+from hslite.parallel.rotation import RotationSchedule
 from hslite.task import HSIClassifier
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
@@ -50,10 +51,13 @@ class CountSyncs(pl.Callback):
         pl_module.log("hook_calls", float(trainer.strategy.compression_state.calls["none"]), reduce_fx="max")
 
 
-def train(plan: Plan, epochs: int = 2, callbacks=(), strategy=None, model_name: str = "cnn1d"):
+def train(plan: Plan, epochs: int = 2, callbacks=(), strategy=None, model_name: str = "cnn1d", schedule_chag=None):
     torch.manual_seed(0)
     model = get_model(model_name, in_bands=32, num_classes=4, patch_size=3)
     task = HSIClassifier(model, num_classes=4, lr=1e-2, warmup_epochs=0)
+    if plan.rotation_enabled:
+        chag = schedule_chag or plan.chag  # one process can follow a chag run's schedule (one group per rank)
+        task.rotation = RotationSchedule(model.band_groups, plan.rotation_groups, seed=0, chag=chag)
     kwargs = trainer_kwargs(plan, progress=False)
     if strategy is not None:
         kwargs["strategy"] = strategy
@@ -77,11 +81,19 @@ def test_two_processes_equal_one_process_on_the_same_global_batches():
             torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=f"{name} differs")
 
 
-@pytest.mark.parametrize("devices, chag, batch", [(2, 2, 16), (4, 2, 8)], ids=["chag2", "dp2xchag2"])
-def test_channel_groups_through_lightning_equal_one_process(devices, chag, batch):
-    single, _ = train(Plan(devices=1, batch_size=16), model_name="channel_vit")
-    split, trainer = train(Plan(devices=devices, chag=chag, batch_size=batch), model_name="channel_vit")
-    assert type(trainer.strategy).__name__ == "ChannelGroupDDPStrategy"
+@pytest.mark.parametrize(
+    "devices, chag, batch, rotation",
+    [(2, 2, 16, 0), (4, 2, 8, 0), (2, 1, 8, 2), (2, 2, 16, 2)],
+    ids=["chag2", "dp2xchag2", "dp2-rotation", "chag2-rotation"],
+)
+def test_channel_groups_and_rotation_through_lightning_equal_one_process(devices, chag, batch, rotation):
+    # Rotation: the inactive groups' parameters are unused on every rank; DDP must leave their gradients unset,
+    # as one process does, or AdamW's weight decay would move them and the runs would part.
+    reference = Plan(devices=1, batch_size=16, rotation_groups=rotation)
+    single, _ = train(reference, model_name="channel_vit", schedule_chag=chag)
+    plan = Plan(devices=devices, chag=chag, batch_size=batch, rotation_groups=rotation)
+    split, trainer = train(plan, model_name="channel_vit")
+    assert type(trainer.strategy).__name__ == ("ChannelGroupDDPStrategy" if chag > 1 else "DDPStrategy")
     for (name, a), (_, b) in zip(single.state_dict().items(), split.state_dict().items(), strict=True):
         if name.endswith("in_proj_bias"):
             # Attention's key bias has a gradient of zero up to rounding, which AdamW turns into steps of random

@@ -86,15 +86,20 @@ def test_unknown_topology_is_a_usage_error(capsys):
             "parallel.chag=3 must divide the model's 4 band groups (each rank owns the same number): "
             "use chag in [1, 2, 4]",
         ),
-        (["parallel.rotation_groups=2"], "channel-subset rotation (parallel.rotation_groups > 0) is not available"),
+        (["parallel.rotation_groups=4"], "parallel.rotation_groups=4 must be between 1 and 3: the model has 4 band"),
+        (
+            ["parallel.devices=2", "parallel.chag=2", "model.name=channel_vit", "parallel.rotation_groups=1"],
+            "parallel.rotation_groups=1 must be a multiple of parallel.chag=2",
+        ),
     ],
 )
 @pytest.mark.parametrize("command", ["fit", "preflight"])
 def test_a_plan_that_training_cannot_run_is_refused_up_front(command, overrides, words, tmp_path, capsys):
-    code = main([command, "recipe=quickstart", f"output.root={tmp_path}", "train.progress=false", *overrides])
+    runs = tmp_path / "runs"  # beside the cache folder the fixture points XDG_CACHE_HOME at
+    code = main([command, "recipe=quickstart", f"output.root={runs}", "train.progress=false", *overrides])
     err = capsys.readouterr().err
     assert code == 2 and words in err and "Traceback" not in err
-    assert not any(tmp_path.iterdir())
+    assert not runs.exists()
 
 
 def test_bad_data_fails_before_any_probe(tmp_path, capsys, monkeypatch):

@@ -18,9 +18,8 @@ COMPRESSIONS = ("none", "int8", "bf16", "fp16")
 CPU_PROCESSES_PER_CORE = 2  # gloo ranks a fit may start per core: enough to measure sharing, not to thrash
 # Plan fields the pre-flight can price but `trainer_kwargs` does not apply yet. A plan that sets one is refused
 # before anything runs and is never proposed, so what is priced is always what runs. An entry goes when the
-# feature is built (rotation: parallel/rotation.py; FSDP: parallel/fsdp.py).
+# feature is built (FSDP: parallel/fsdp.py).
 NOT_YET_APPLIED = {
-    "rotation_groups": "channel-subset rotation (parallel.rotation_groups > 0)",
     "fsdp": "FSDP sharding (parallel.fsdp=true)",
 }
 
@@ -127,7 +126,8 @@ class Plan:
         """The `key=value` overrides that ask `hslite fit` for this plan (the fields that set the layout)."""
         return (
             f"parallel.devices={self.devices} data.batch_size={self.batch_size} parallel.accumulate={self.accumulate} "
-            f"parallel.precision={self.precision} parallel.compression={self.compression} parallel.chag={self.chag}"
+            f"parallel.precision={self.precision} parallel.compression={self.compression} parallel.chag={self.chag} "
+            f"parallel.rotation_groups={self.rotation_groups}"
         )
 
     def describe(self) -> str:
@@ -243,6 +243,8 @@ def _ddp_strategy(plan: Plan) -> Any:
         "process_group_backend": "gloo" if plan.accelerator == "cpu" else "nccl",
         "timeout": timedelta(minutes=5),  # a rank that died should fail the run in minutes, not torch's 30
     }
+    if plan.rotation_enabled and not plan.chag_enabled:  # the inactive groups' parameters are unused that step
+        options["find_unused_parameters"] = True
     if plan.chag_enabled:
         from hslite.parallel.channel_groups import ChannelGroupCompressedDDPStrategy, ChannelGroupDDPStrategy
 

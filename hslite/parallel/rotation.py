@@ -1,0 +1,75 @@
+"""Channel-subset rotation: k of G band groups take part in each optimiser step, in a schedule every rank knows.
+
+The schedule is a function of the step and the seed alone, so ranks agree without communicating and a resumed run
+continues it. Steps come in cycles of ⌈G/k⌉: each cycle draws a permutation of the groups (from the seed and the
+cycle number) and walks it k at a time, so every group is active at least once per cycle; a short last slice is
+filled from the start of the permutation. Under channel groups each chag rank draws its k/chag groups from its
+own G/chag, so every rank encodes the same number of groups and the all-gather stays rectangular.
+
+Band-group models (channel_vit) encode only the active groups: fewer tokens, less compute and memory, and the
+inactive groups' own parameters get no gradient, so the optimiser leaves them and their moments alone that step
+(no momentum decay, no weight decay). Other models see the inactive groups' bands zeroed and the active ones scaled
+by B / active bands, as inverted dropout does; that saves nothing, and the pre-flight prices it so. Evaluation
+always uses every group.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from hslite.errors import ConfigError
+
+
+def check_rotation(num_groups: int, active: int, chag: int = 1) -> None:
+    """Raise ConfigError unless `active` of `num_groups` groups can rotate, chag ranks sharing them evenly."""
+    if not 1 <= active < num_groups:
+        raise ConfigError(
+            f"parallel.rotation_groups={active} must be between 1 and {num_groups - 1}: the model has {num_groups} "
+            "band groups and rotation keeps fewer of them active per step (0 turns it off)."
+        )
+    if active % chag:
+        choices = [k for k in range(chag, num_groups, chag)]
+        raise ConfigError(
+            f"parallel.rotation_groups={active} must be a multiple of parallel.chag={chag}, so every channel-group "
+            f"rank encodes as many groups per step: use one of {choices}."
+        )
+
+
+DEFAULT_GROUPS = 4  # for models without band groups of their own: one per spectral region
+
+
+class RotationSchedule:
+    """Which band groups are active at each optimiser step, and a model's forward with only those."""
+
+    def __init__(self, band_groups: Sequence[tuple[int, int]], active: int, seed: int, chag: int = 1) -> None:
+        check_rotation(len(band_groups), active, chag)
+        self.band_groups = list(band_groups)
+        self.num_groups, self.active, self.seed, self.chag = len(band_groups), active, seed, chag
+        self.per_rank = self.num_groups // chag
+        self.active_per_rank = active // chag
+        self.steps_per_cycle = math.ceil(self.per_rank / self.active_per_rank)  # = ⌈G/k⌉
+
+    def active_groups(self, step: int) -> list[int]:
+        """The sorted active groups at optimiser step `step` (the same on every rank)."""
+        cycle, position = divmod(step, self.steps_per_cycle)
+        order = np.random.default_rng([self.seed, cycle]).permutation(self.per_rank)
+        slots = np.arange(position * self.active_per_rank, (position + 1) * self.active_per_rank) % self.per_rank
+        return sorted(int(rank * self.per_rank + g) for rank in range(self.chag) for g in order[slots])
+
+    def forward(self, model: nn.Module, x: Tensor, active: Sequence[int]) -> Tensor:
+        """Logits of `model` for patches x (n, B, p, p) with only the `active` band groups taking part."""
+        bands = self.band_groups
+        if hasattr(model, "encode_group"):
+            grouped: Any = model
+            tokens = torch.stack([grouped.encode_group(x[:, bands[g][0] : bands[g][1]], g) for g in active], dim=1)
+            return grouped.head(grouped.aggregate(tokens, list(active)))
+        mask = torch.zeros(x.shape[1], dtype=x.dtype, device=x.device)
+        for g in active:
+            mask[bands[g][0] : bands[g][1]] = 1.0
+        return model(x * (mask * (x.shape[1] / mask.sum()))[None, :, None, None])

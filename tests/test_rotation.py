@@ -1,0 +1,97 @@
+"""Channel-subset rotation: the schedule's coverage and agreement, and what inactive groups are spared."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from hslite.errors import ConfigError
+from hslite.models import get_model
+from hslite.models.band_groups import contiguous_band_groups
+from hslite.parallel.rotation import RotationSchedule, check_rotation
+
+
+def _schedule(groups: int, active: int, seed: int = 0, chag: int = 1) -> RotationSchedule:
+    return RotationSchedule(contiguous_band_groups(4 * groups, groups), active, seed, chag)
+
+
+@pytest.mark.parametrize("groups, active, chag", [(4, 2, 1), (4, 1, 1), (5, 2, 1), (8, 3, 1), (8, 4, 2), (8, 2, 2)])
+def test_every_group_is_active_in_every_cycle_of_ceil_g_over_k_steps(groups, active, chag):
+    schedule = _schedule(groups, active, chag=chag)
+    cycle = math.ceil(groups / active)
+    assert schedule.steps_per_cycle == cycle
+    for start in range(0, 10 * cycle, cycle):
+        seen = [schedule.active_groups(step) for step in range(start, start + cycle)]
+        assert all(len(step) == active and len(set(step)) == active for step in seen)
+        assert set().union(*seen) == set(range(groups))
+    per_rank = groups // chag
+    for step in range(20):  # each channel-group rank encodes the same number of its own groups
+        owners = [g // per_rank for g in schedule.active_groups(step)]
+        assert all(owners.count(rank) == active // chag for rank in range(chag))
+
+
+def test_the_schedule_is_the_same_on_every_rank_and_follows_the_seed():
+    a, b, other = _schedule(8, 2, seed=7), _schedule(8, 2, seed=7), _schedule(8, 2, seed=8)
+    steps = range(40)
+    assert [a.active_groups(s) for s in steps] == [b.active_groups(s) for s in steps]  # no communication needed
+    assert [a.active_groups(s) for s in steps] != [other.active_groups(s) for s in steps]
+    assert len({tuple(a.active_groups(s)) for s in steps}) > 4  # it rotates, not a fixed subset
+
+
+def test_rotation_settings_that_cannot_work_are_config_errors():
+    check_rotation(4, 2, 2)
+    with pytest.raises(ConfigError, match="between 1 and 3: the model has 4 band groups"):
+        check_rotation(4, 4)
+    with pytest.raises(ConfigError, match=r"multiple of parallel.chag=2.*one of \[2, 4, 6\]"):
+        check_rotation(8, 3, 2)
+
+
+def _groups_params(model: nn.Module, group: int) -> dict[str, nn.Parameter]:
+    names = ("band_embeddings", "group_queries", "group_embeddings")
+    return {f"{name}.{group}": getattr(model, name)[group] for name in names}
+
+
+def test_inactive_groups_get_no_gradient_and_keep_their_optimiser_state():
+    torch.manual_seed(0)
+    model = get_model("channel_vit", in_bands=16, num_classes=3, patch_size=3, num_groups=4)
+    schedule = RotationSchedule(model.band_groups, 2, seed=0)
+    optimiser = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    x, y = torch.randn(6, 16, 3, 3), torch.tensor([0, 1, 2, 0, 1, 2])
+    for step in range(4):
+        active = schedule.active_groups(step)
+        inactive = [g for g in range(4) if g not in active]
+        before = {
+            name: (p.detach().clone(), copy.deepcopy(optimiser.state.get(p)))
+            for g in inactive
+            for name, p in _groups_params(model, g).items()
+        }
+        nn.functional.cross_entropy(schedule.forward(model, x, active), y).backward()
+        for g in inactive:
+            assert all(p.grad is None for p in _groups_params(model, g).values())
+        for g in active:
+            assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in _groups_params(model, g).values())
+        optimiser.step()
+        optimiser.zero_grad()
+        for g in inactive:
+            for name, p in _groups_params(model, g).items():
+                value, state = before[name]
+                assert torch.equal(p.detach(), value), f"{name} moved while inactive (weight decay or momentum)"
+                after = optimiser.state.get(p)
+                assert (state is None and not after) or all(torch.equal(state[k], after[k]) for k in state), name
+
+
+def test_models_without_groups_see_inactive_bands_zeroed_and_the_rest_rescaled():
+    class Probe(nn.Module):
+        def forward(self, x):
+            self.seen = x
+            return x.mean(dim=(2, 3))
+
+    schedule = RotationSchedule([(0, 2), (2, 5), (5, 6)], 1, seed=0)
+    x = torch.ones(2, 6, 3, 3)
+    probe = Probe()
+    schedule.forward(probe, x, [1])
+    assert probe.seen[0, :, 0, 0].tolist() == [0.0, 0.0, 2.0, 2.0, 2.0, 0.0]  # 6 bands / 3 active
