@@ -62,6 +62,8 @@ class Case:
     batch_size: int
     accumulate: int = 1
     precision: str = "32-true"
+    chag: int = 1  # channel groups: ranks that split one batch's band groups
+    rotation: int = 0  # band groups active per step under channel-subset rotation
     patch_size: int = 1  # both models read the centre spectrum, so no neighbours are gathered
 
     def overrides(self) -> list[str]:
@@ -74,6 +76,8 @@ class Case:
             f"parallel.devices={self.devices}",
             f"parallel.accumulate={self.accumulate}",
             f"parallel.precision={self.precision}",
+            f"parallel.chag={self.chag}",
+            f"parallel.rotation_groups={self.rotation}",
             f"train.limit_train_batches={TRAIN_MICRO_BATCHES * max(1, self.accumulate // 2)}",  # ≥ 6 optimiser steps
         ]
 
@@ -94,6 +98,11 @@ FULL = [
     Case("channel_vit", "small", 1, 64),
     Case("channel_vit", "small", 2, 32),
     Case("channel_vit", "small", 4, 16, accumulate=4),
+    # channel groups and rotation of the small channel ViT's 4 band groups
+    Case("channel_vit", "small", 2, 32, chag=2),
+    Case("channel_vit", "small", 4, 16, chag=2),
+    Case("channel_vit", "small", 1, 64, rotation=2),
+    Case("channel_vit", "small", 2, 32, chag=2, rotation=2),
     # channel ViT large, 6.4M parameters (25 MB of fp32 gradients): compute and the all-reduce both matter
     Case("channel_vit", "large", 1, 32),
     Case("channel_vit", "large", 2, 16),
@@ -154,6 +163,8 @@ def _plan_overrides(plan: Plan) -> list[str]:
         f"parallel.accumulate={plan.accumulate}",
         f"parallel.precision={plan.precision}",
         f"parallel.compression={plan.compression}",
+        f"parallel.chag={plan.chag}",
+        f"parallel.rotation_groups={plan.rotation_groups}",
         f"train.limit_train_batches={TRAIN_MICRO_BATCHES * max(1, plan.accumulate // 2)}",
     ]
 
@@ -166,7 +177,7 @@ class Bench:
         self.measured: dict[tuple[str, ...], float] = {}
         self.log_path = root / "fits.log"
 
-    def _config(self, recipe: str, overrides: list[str], fresh: bool = False) -> Config:
+    def config(self, recipe: str, overrides: list[str], fresh: bool = False) -> Config:
         from hslite.config import load_config
 
         extra = [f"output.root={self.root}", f"preflight.fresh={str(fresh).lower()}"]
@@ -178,14 +189,14 @@ class Bench:
         from hslite.parallel.loop_cost import measure_step_overhead
         from hslite.parallel.plan import Plan
 
-        classes = len(get_scene_spec(self._config(RECIPE_FOR_DEVICES[1], []).data.scene).class_names)
+        classes = len(get_scene_spec(self.config(RECIPE_FOR_DEVICES[1], []).data.scene).class_names)
         return ", ".join(f"{n} rank(s) {1e3 * measure_step_overhead(Plan(devices=n), classes):.1f} ms" for n in ranks)
 
     def measure(self, recipe: str, overrides: list[str], key: tuple[str, ...]) -> tuple[float, float]:
         """(measured, fit's predicted) step seconds of one short fit; measured is remembered under `key`."""
         from hslite.fit import fit
 
-        cfg = self._config(recipe, overrides)  # never fresh: the fit reads what the pre-flight just measured
+        cfg = self.config(recipe, overrides)  # never fresh: the fit reads what the pre-flight just measured
         with _quiet(self.log_path):
             metrics = fit(cfg).metrics
         self.measured[key] = metrics["measured_step_seconds"]
@@ -197,7 +208,7 @@ class Bench:
 
         recipe = RECIPE_FOR_DEVICES[case.devices]
         with _quiet(self.log_path):
-            verdict = check_recipe(self._config(recipe, case.overrides(), fresh=self.fresh))
+            verdict = check_recipe(self.config(recipe, case.overrides(), fresh=self.fresh))
         model_key = (case.model, case.size, str(case.patch_size))
         rows = []
         best = verdict.best_single
@@ -268,7 +279,8 @@ def main() -> int:
         failed = []
         for case in cases:
             print(f"[{time.perf_counter() - started:5.0f} s] {case.model}-{case.size} {case.devices} proc "
-                  f"b{case.batch_size} acc{case.accumulate} {case.precision}", flush=True)  # fmt: skip
+                  f"b{case.batch_size} acc{case.accumulate} {case.precision} chag{case.chag} rot{case.rotation}",
+                  flush=True)  # fmt: skip
             try:
                 rows += bench.run(case)
             except Exception as err:  # one broken plan should not hide the others' figures

@@ -122,7 +122,8 @@ def preflight_check(cfg: Config, plan: Plan, datamodule: HSIDataModule, *, singl
     }
     if has_band_groups(cfg.model.name):
         probe_kwargs["tokenizer_modules"] = TOKENIZER_MODULES
-        probe_kwargs["band_groups"] = len(model_factory().band_groups)  # type: ignore[arg-type]
+        groups = model_factory().band_groups
+        probe_kwargs["band_group_sizes"] = [stop - start for start, stop in groups]  # type: ignore[union-attr]
     notes = [f"links and device memory from the topology profile {cfg.preflight.topology!r}"] if topology else []
     if topology is not None:
         notes.append("training-loop cost of several ranks not measurable here: one local rank's figure is used")

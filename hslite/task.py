@@ -83,14 +83,14 @@ class HSIClassifier(pl.LightningModule):
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         """One optimisation step's loss."""
         x, y = batch
-        logits = self._training_logits(x)
+        logits = self.training_logits(x)
         loss = self.loss(logits, y)
         self.train_metrics.update(logits.detach(), y)
         self.log("train/loss", loss, prog_bar=True, batch_size=len(y))
         return loss
 
-    def _training_logits(self, x: torch.Tensor) -> torch.Tensor:
-        # Under rotation only this optimiser step's band groups take part; evaluation always sees them all.
+    def training_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits as a training step computes them: under rotation, with this optimiser step's band groups only."""
         if self.rotation is None:
             return self(x)
         active = self.rotation.active_groups(self.global_step)

@@ -171,10 +171,25 @@ def test_channel_groups_split_tokenizer_and_add_token_traffic():
     tokens = 64 * 10_000
     assert pred.comm_seconds == pytest.approx(2 * 0.75 * tokens / (40 * GB))
     assert pred.memory_breakdown_bytes["activations"] == pytest.approx(64e6 * (0.5 + 0.5 / 4))
-    rotated = cm.predict(gpu_plan(1, rotation_groups=2), replace(probe, band_groups=8), link, 80 * 2**30)
+    rotated = cm.predict(gpu_plan(1, rotation_groups=2), replace(probe, band_group_sizes=[25] * 8), link, 80 * 2**30)
     assert rotated.compute_seconds == pytest.approx(COMPUTE_SECONDS * (0.5 + 0.5 * 2 / 8))
     unknown = cm.predict(gpu_plan(4, chag=2), make_probe(), link, 80 * 2**30)
     assert any("not priced" in note for note in unknown.notes)
+
+
+def test_the_most_loaded_rank_sets_the_tokenizer_share_when_groups_differ_in_size():
+    # Indian-Pines-like groups aligned to VIS / NIR / SWIR-1 / SWIR-2: 33, 64, 47 and 56 of 200 bands.
+    probe = make_probe(band_group_sizes=[33, 64, 47, 56])
+    share = cm.tokenizer_share
+    assert share(gpu_plan(4, chag=4), probe, 4) == pytest.approx(64 / 200)  # the NIR rank
+    assert share(gpu_plan(2, chag=2), probe, 2) == pytest.approx(103 / 200)
+    rotation = gpu_plan(1, rotation_groups=2)
+    assert share(rotation, probe, 1) == pytest.approx(0.5)  # on average every group is active half the steps
+    assert share(rotation, probe, 1, worst=True) == pytest.approx((64 + 56) / 200)  # the step memory must hold
+    both = gpu_plan(2, chag=2, rotation_groups=2)
+    assert share(both, probe, 2) == pytest.approx(103 / 2 / 200)
+    assert share(both, probe, 2, worst=True) == pytest.approx(64 / 200)
+    assert share(gpu_plan(4, chag=4), make_probe(), 4) == pytest.approx(1 / 4)  # sizes unknown: an even split
 
 
 def test_overlap_hides_comm_only_beyond_the_last_ddp_bucket():

@@ -90,7 +90,7 @@ def test_threads_are_set_for_the_probe_and_restored():
 def test_tokenizer_shares_token_size_and_compression_are_measured():
     result = probe_model(
         Tokenized, make_batch, batch_size=8, precision="32-true", threads=1, steps=1,
-        tokenizer_modules=("tokenizer",), band_groups=4, measure_compression=True,
+        tokenizer_modules=("tokenizer",), band_group_sizes=[8] * 4, measure_compression=True,
     )  # fmt: skip
     assert 0 < result.chag_fraction < 1 and 0 < result.tokenizer_activation_fraction < 1
     assert result.group_token_bytes_per_sample == 4 * 8 * 4  # G × D fp32 elements

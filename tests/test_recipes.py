@@ -81,7 +81,7 @@ def test_recipe_smoke_run(recipe, tmp_path, request, monkeypatch):
         # A GPU recipe's data, model and precision on one CPU process. Its multi-process path is the one
         # quickstart_cpu2/4 and test_ddp run; spawned ranks would not see the checksum lifted for stand-in cubes.
         # bf16 on this AVX2 CPU is ~10x slower than fp32 (DISTRIBUTED-NOTES): AMP is tested on a small model instead.
-        overrides += ["parallel.accelerator=cpu", "parallel.devices=1", "parallel.num_nodes=1"]
+        overrides += ["parallel.accelerator=cpu", "parallel.devices=1", "parallel.num_nodes=1", "parallel.chag=1"]
         overrides += ["parallel.precision=32-true", "data.eval_batch_size=64"]
     scene = cfg.data.scene
     if not is_synthetic(scene):

@@ -54,22 +54,24 @@ class _GatherGroupTokens(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: Any, local: Tensor, group: Any) -> Tensor:
-        ctx.group = group
+    def forward(ctx: Any, local: Tensor, group: Any, counter: ChannelGroups) -> Tensor:
+        ctx.group, ctx.counter = group, counter
         ranks = dist.get_world_size(group)
         n, g = local.shape[:2]
         gathered = local.new_empty((ranks * n, *local.shape[1:]))  # rank after rank along the first dimension
         dist.all_gather_single(gathered, local.contiguous(), group=group)
+        counter.bytes_collected += gathered.numel() * gathered.element_size()
         return gathered.view(ranks, *local.shape).transpose(0, 1).reshape(n, ranks * g, *local.shape[2:])
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
         ranks = dist.get_world_size(ctx.group)
         n, total = grad.shape[:2]
         per_rank = grad.reshape(n, ranks, total // ranks, *grad.shape[2:]).transpose(0, 1).contiguous()
         local = grad.new_empty(per_rank.shape[1:])
         dist.reduce_scatter_single(local, per_rank.view(ranks * n, *per_rank.shape[2:]), group=ctx.group)
-        return local, None
+        ctx.counter.bytes_collected += per_rank.numel() * per_rank.element_size()
+        return local, None, None
 
 
 def check_divides(num_groups: int, chag: int) -> None:
@@ -94,13 +96,16 @@ class ChannelGroups:
         per_rank = num_groups // chag
         self.num_groups, self.chag, self.chag_rank, self.group = num_groups, chag, chag_rank, group
         self.owned = list(range(chag_rank * per_rank, (chag_rank + 1) * per_rank))
+        # Bytes of the gathered group tokens and of their gradient's reduce-scatter input, summed over calls: the
+        # size the pre-flight prices (Prediction.chag_bytes_per_step).
+        self.bytes_collected = 0
 
     def __call__(self, model: BandGroupModel, x: Tensor, active: Sequence[int] | None = None) -> Tensor:
         """Logits (n, classes) of `model` (a band-group model) for patches x (n, B, p, p)."""
         groups = self.owned if active is None else [g for g in self.owned if g in set(active)]
         bands = model.band_groups
         local = torch.stack([model.encode_group(x[:, bands[g][0] : bands[g][1]], g) for g in groups], dim=1)
-        tokens = _GatherGroupTokens.apply(local, self.group)  # rank order is group order
+        tokens = _GatherGroupTokens.apply(local, self.group, self)  # rank order is group order
         indices = sorted(active) if active is not None else list(range(self.num_groups))
         return model.head(model.aggregate(tokens, indices))
 

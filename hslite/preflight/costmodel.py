@@ -38,6 +38,7 @@ class Prediction:
     per_device_peak_bytes: int
     fits_memory: bool
     speedup: float  # S(N) against the same per-device plan alone on one device
+    chag_bytes_per_step: int  # group tokens all-gathered forward plus their gradient reduce-scattered, per rank
     r: float  # communication/computation ratio, S(N) = N/(1+r)
     memory_budget_bytes: int  # what one rank may use (host memory ÷ processes on CPU)
     memory_breakdown_bytes: dict[str, int] = field(default_factory=dict)
@@ -53,7 +54,7 @@ class Prediction:
 def memory_breakdown_bytes(plan: Plan, probe: Footprint) -> dict[str, int]:
     """Per-rank peak terms (DESIGN §3 memory): params, grads, optimiser (÷ dp under FSDP), activations, workspace."""
     shards = plan.dp if plan.fsdp else 1
-    activation_factor = _tokenizer_factor(plan, probe, probe.tokenizer_activation_fraction, plan.chag)
+    activation_factor = _tokenizer_factor(plan, probe, probe.tokenizer_activation_fraction, plan.chag, worst=True)
     counted = probe.param_bytes + probe.grad_bytes + probe.optimizer_bytes + probe.activation_bytes
     return {
         "params": math.ceil(probe.param_bytes / shards),
@@ -64,14 +65,30 @@ def memory_breakdown_bytes(plan: Plan, probe: Footprint) -> dict[str, int]:
     }
 
 
-def _tokenizer_factor(plan: Plan, probe: Footprint, fraction: float | None, chag: int) -> float:
-    # Channel groups divide the tokenizer's work by chag; rotation keeps k of G groups (DESIGN §3).
+def _tokenizer_factor(plan: Plan, probe: Footprint, fraction: float | None, chag: int, worst: bool = False) -> float:
+    # Channel groups split the tokenizer's work by chag and rotation keeps k of G groups (DESIGN §3), by bands: the
+    # tokenizer's work is per band, and groups aligned to spectral regions differ in size.
     if fraction is None:
         return 1.0
-    active = 1.0 / chag
-    if plan.rotation_enabled and probe.band_groups:
-        active *= plan.rotation_groups / probe.band_groups
-    return (1.0 - fraction) + fraction * active
+    return (1.0 - fraction) + fraction * tokenizer_share(plan, probe, chag, worst)
+
+
+def tokenizer_share(plan: Plan, probe: Footprint, chag: int, worst: bool = False) -> float:
+    """The share of all bands that the most loaded of `chag` ranks tokenises in a step.
+
+    Rank r owns groups r·G/chag ... (r+1)·G/chag − 1. Under rotation it encodes k/chag of them a step: on average
+    (every group equally often) that share of its bands, and in the `worst` step (what memory must hold) its
+    largest k/chag groups. Without group sizes: 1/chag × k/G.
+    """
+    sizes = probe.band_group_sizes
+    rotating = plan.rotation_enabled and bool(sizes)
+    if not sizes:
+        return 1.0 / chag
+    per_rank = len(sizes) // chag
+    active = plan.rotation_groups // chag if rotating else per_rank
+    owned = [sorted(sizes[r * per_rank : (r + 1) * per_rank], reverse=True) for r in range(chag)]
+    load = [sum(groups[:active]) if worst else sum(groups) * active / per_rank for groups in owned]
+    return max(load) / sum(sizes)
 
 
 def _compute_seconds(plan: Plan, probe: ProbeResult, chag: int, shards: int) -> tuple[float, float]:
@@ -154,6 +171,7 @@ def predict(
         per_device_peak_bytes=peak_bytes,
         fits_memory=peak_bytes <= budget_bytes,
         speedup=speedup,
+        chag_bytes_per_step=2 * plan.accumulate * chag_token_bytes(plan, probe),
         r=plan.world_size / speedup - 1.0,
         memory_budget_bytes=budget_bytes,
         memory_breakdown_bytes=breakdown,
@@ -199,12 +217,20 @@ def comm_seconds(
     return exposed_seconds
 
 
+def chag_token_bytes(plan: Plan, probe: Footprint) -> int:
+    """Bytes of the group tokens one micro-step all-gathers: b × G × L × D, × k/G under rotation; 0 without chag."""
+    if not plan.chag_enabled or probe.group_token_bytes_per_sample is None:
+        return 0
+    active = plan.rotation_groups / probe.band_groups if plan.rotation_enabled and probe.band_groups else 1.0
+    return round(probe.group_token_bytes_per_sample * plan.batch_size * active)
+
+
 def _chag_seconds(plan: Plan, probe: Footprint, link: LinkModel, exact: bool, notes: list[str]) -> float:
-    # All-gather of the b × G × D group tokens forward, reduce-scatter of their gradient backward, per micro-step.
+    # All-gather of the group tokens forward, reduce-scatter of their gradient backward, per micro-step.
     if probe.group_token_bytes_per_sample is None:
         notes.append("channel-group traffic not priced: the probe did not measure the group token size")
         return 0.0
-    token_bytes = probe.group_token_bytes_per_sample * plan.batch_size
+    token_bytes = chag_token_bytes(plan, probe)
     per_micro_seconds = allgather_seconds(token_bytes, plan.chag, link, ring_factor_exact=exact)
     per_micro_seconds += reduce_scatter_seconds(token_bytes, plan.chag, link, ring_factor_exact=exact)
     return plan.accumulate * per_micro_seconds

@@ -31,7 +31,12 @@ class Footprint:
     peak_bytes: int  # max_memory_allocated on GPU; params + grads + optimiser + activations elsewhere
     tokenizer_activation_fraction: float | None = None  # share of activation bytes saved inside the tokenizer
     group_token_bytes_per_sample: int | None = None  # tokenizer output (G × D elements) per sample
-    band_groups: int | None = None  # G, for channel-subset rotation
+    band_group_sizes: list[int] | None = None  # bands in each of the G groups (channel groups, rotation)
+
+    @property
+    def band_groups(self) -> int | None:
+        """G, the number of band groups, when the probe knows them."""
+        return len(self.band_group_sizes) if self.band_group_sizes else None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict for JSON."""

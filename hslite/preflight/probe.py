@@ -33,7 +33,7 @@ def probe_for_plans(
     """A `probe_for` for `run_preflight`: probes at the plan's batch and precision.
 
     GPU plans are probed on cuda:0, CPU plans with the threads one rank gets. `probe_kwargs` go to `probe_model`
-    (cache_key, fresh, steps, measure_compression, tokenizer_modules, band_groups, ...).
+    (cache_key, fresh, steps, measure_compression, tokenizer_modules, band_group_sizes, ...).
     """
 
     def probe_for(plan: Plan) -> ProbeResult:
@@ -59,7 +59,7 @@ def probe_model(
     fresh: bool = False,
     measure_compression: bool = False,
     tokenizer_modules: tuple[str, ...] = (),
-    band_groups: int | None = None,
+    band_group_sizes: list[int] | None = None,
     loss_fn: Callable[[Tensor, Tensor], Tensor] = nn.functional.cross_entropy,
     budget_seconds: float = 10.0,  # timed steps stop here; a normal 3D-CNN probe needs ~3 s on 2 cores
 ) -> ProbeResult:
@@ -87,7 +87,7 @@ def probe_model(
         "threads": torch.get_num_threads(),
         "measure_compression": measure_compression,
         "tokenizer_modules": list(tokenizer_modules),
-        "band_groups": band_groups,
+        "band_group_sizes": band_group_sizes,
         "torch": torch.__version__,
     }
     try:
@@ -109,7 +109,7 @@ def probe_model(
             result.compress_seconds_per_byte = _int8_seconds_per_byte(result.param_count, dev)
         if tokenizer_modules:
             measure_tokenizer(result, model_factory, make_batch, tuple(tokenizer_modules), precision, dev, loss_fn)
-            result.band_groups = band_groups
+            result.band_group_sizes = band_group_sizes
     finally:
         torch.set_num_threads(previous_threads)
     if cache_key is not None:
@@ -228,7 +228,7 @@ def _sizes(
     precision: str,
     dev: torch.device,
     loss_fn: Callable[..., Tensor],
-) -> dict[str, int]:
+) -> dict[str, Any]:  # ints, typed loosely to unpack into dataclasses with fields of other types too
     params = list(model.parameters())
     counter = SavedTensorCounter(model)
     with autocast(precision, dev), counter:

@@ -1,0 +1,119 @@
+"""Channel groups: step time, activation memory and collected bytes for chag = 1/2/4 beside the predictions.
+
+    python benchmarks/channel_groups.py             # ~3 min on 2 cores
+    python benchmarks/channel_groups.py --batch 64 --patch 9
+
+Model: channel_vit small on the synthetic Indian-Pines-shaped scene (200 bands after water-band removal, 4 band
+groups aligned to VIS/NIR/SWIR-1/SWIR-2), one batch shared by the chag ranks (dp = 1). For each chag:
+  predicted  the real pre-flight (`check_recipe`) of that plan: step seconds, activation bytes per rank (its
+             memory breakdown) and the channel-group bytes per step (Prediction.chag_bytes_per_step);
+  measured   step seconds of a short `fit` of the same plan (median batch, as benchmarks/preflight_fidelity.py),
+             and in chag spawned gloo ranks the same model on one training batch: the most bytes a rank saves
+             for backward (what the probe counts as activations; ranks own regions of different sizes) and the
+             bytes a rank's group-token all-gather and reduce-scatter carry per step.
+The last line is `chag=4 activation memory: N% of chag=1` (measured). Spawned ranks re-import this file, so the
+work runs under the main guard.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from datetime import timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # preflight_fidelity, its neighbour
+
+CHAGS = (1, 2, 4)
+
+
+def _rank(rank: int, world: int, init_file: str, model_kwargs: dict, batch: tuple, out: str) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from hslite.models import get_model
+    from hslite.parallel.channel_groups import ChannelGroups
+    from hslite.preflight.activations import SavedTensorCounter
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=120))  # fmt: skip
+    torch.set_num_threads(1)
+    mesh = init_device_mesh("cpu", (1, world), mesh_dim_names=("dp", "chag"))
+    torch.manual_seed(0)
+    model = get_model("channel_vit", **model_kwargs)
+    groups = ChannelGroups(len(model.band_groups), world, rank, mesh.get_group("chag"))
+    x, y = batch
+    counter = SavedTensorCounter(model)
+    with counter:
+        logits = groups(model, x) if world > 1 else model(x)
+    torch.nn.functional.cross_entropy(logits, y).backward()
+    Path(f"{out}.{rank}").write_text(json.dumps({"saved": counter.total_bytes, "collected": groups.bytes_collected}))
+    dist.destroy_process_group()
+
+
+def measure_ranks(chag: int, model_kwargs: dict, batch: tuple, root: Path) -> dict:
+    """For one training step with `chag` ranks: the most bytes a rank saves for backward, and a rank's collected bytes.
+
+    The band groups follow the spectral regions, so ranks own different numbers of bands: the largest is the peak.
+    """
+    import torch.multiprocessing as mp
+
+    out = root / f"ranks{chag}.json"
+    mp.spawn(_rank, args=(chag, str(root / f"init{chag}"), model_kwargs, batch, str(out)), nprocs=chag, join=True)
+    ranks = [json.loads(Path(f"{out}.{rank}").read_text()) for rank in range(chag)]
+    return {"saved": max(r["saved"] for r in ranks), "collected": ranks[0]["collected"]}
+
+
+def main() -> int:
+    """Print the table and the memory line."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=32, help="samples per step, shared by the chag ranks")
+    parser.add_argument("--patch", type=int, default=9, help="patch size (9: 9 spatial tokens per band)")
+    args = parser.parse_args()
+
+    from preflight_fidelity import RECIPE_FOR_DEVICES, Bench, Case
+
+    from hslite.build import prepared_datamodule
+    from hslite.gate import check_recipe, training_batches
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="hslite-chag-") as tmp:
+        root = Path(tmp)
+        bench = Bench(root, fresh=False)
+        for chag in CHAGS:
+            case = Case("channel_vit", "small", chag, args.batch, chag=chag, patch_size=args.patch)
+            cfg = bench.config(RECIPE_FOR_DEVICES[chag], case.overrides())
+            verdict = check_recipe(cfg)
+            predicted = verdict.predictions[verdict.requested]
+            datamodule = prepared_datamodule(cfg)
+            model_kwargs = {
+                "in_bands": datamodule.num_bands,
+                "num_classes": datamodule.num_classes,
+                "patch_size": args.patch,
+                "wavelengths_nm": datamodule.input_wavelengths_nm,
+            }
+            ranks = measure_ranks(chag, model_kwargs, training_batches(datamodule, 0)(args.batch), root)
+            measured_seconds, _ = bench.measure(RECIPE_FOR_DEVICES[chag], case.overrides(), (str(chag),))
+            rows.append((chag, predicted, measured_seconds, ranks))
+
+    print(f"channel_vit small, {model_kwargs['in_bands']} bands, patch {args.patch}, batch {args.batch} per step, "
+          "dp 1, gloo ranks on this machine")  # fmt: skip
+    header = (f"{'chag':>4}  {'pred step s':>11}  {'meas step s':>11}  {'err':>5}  {'pred act MB':>11}  "
+              f"{'meas act MB':>11}  {'pred coll MB':>12}  {'meas coll MB':>12}")  # fmt: skip
+    print(header)
+    print("-" * len(header))
+    for chag, predicted, measured_seconds, ranks in rows:
+        error = (predicted.step_seconds - measured_seconds) / measured_seconds
+        print(f"{chag:>4}  {predicted.step_seconds:>11.4f}  {measured_seconds:>11.4f}  {error:>+5.0%}  "
+              f"{predicted.memory_breakdown_bytes['activations'] / 1e6:>11.2f}  {ranks['saved'] / 1e6:>11.2f}  "
+              f"{predicted.chag_bytes_per_step / 1e6:>12.3f}  {ranks['collected'] / 1e6:>12.3f}")  # fmt: skip
+    saved = {chag: ranks["saved"] for chag, _, _, ranks in rows}
+    print(f"chag=4 activation memory: {saved[4] / saved[1]:.0%} of chag=1")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
