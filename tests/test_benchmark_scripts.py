@@ -45,3 +45,15 @@ def test_preflight_fidelity_quick(tmp_path: Path) -> None:
     last = _last_line(result)
     assert re.fullmatch(r"median relative error: \d+%", last), last
     assert re.search(r"^cnn1d-small 2×cpu dp2 b32 acc1 32-true .*(GO|NO-GO)\s+(yes|NO)$", result.stdout, re.M)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_channel_groups_benchmark_small(tmp_path: Path) -> None:
+    command = [sys.executable, "benchmarks/channel_groups.py", "--batch", "8", "--patch", "3"]
+    result = _run(command, tmp_path, timeout_seconds=400)
+    last = _last_line(result)
+    assert re.fullmatch(r"chag=4 activation memory: \d+% of chag=1", last), last
+    rows = [line.split() for line in result.stdout.splitlines() if re.match(r"^\s+[124]\s+\d", line)]
+    assert [row[0] for row in rows] == ["1", "2", "4"]
+    assert all(row[6] == row[7] for row in rows)  # predicted and measured all-gathered bytes agree

@@ -143,6 +143,7 @@ OUT_OF_RANGE = [
     ("parallel.accumulate", "0", "must be ≥ 1"),
     ("parallel.chag", "0", "must be ≥ 1"),
     ("parallel.rotation_groups", "-1", "must be ≥ 0"),
+    ("model.band_groups", "-2", "must be ≥ 0"),
     ("preflight.min_efficiency", "0", "must be in (0, 1]"),
     ("preflight.min_efficiency", "1.5", "must be in (0, 1]"),
     ("preflight.probe_steps", "0", "must be ≥ 1"),
