@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -102,11 +103,20 @@ def preflight_check(cfg: Config, plan: Plan, datamodule: HSIDataModule, *, singl
     def model_factory() -> torch.nn.Module:
         return build_model(cfg, datamodule)
 
+    tokenizer: dict[str, Any] = {}  # a band-group model's per-group work, which chag and rotation divide
+    if has_band_groups(cfg.model.name):
+        groups = model_factory().band_groups
+        tokenizer = {
+            "tokenizer_modules": TOKENIZER_MODULES,
+            "band_group_sizes": [stop - start for start, stop in groups],  # type: ignore[union-attr]
+        }
     if plan.accelerator == "gpu" and not torch.cuda.is_available():
         assert topology is not None  # `absent` is set for every GPU plan on a box without GPUs
         verdict = price_absent_devices(
             plan,
-            lambda p: measure_footprint(model_factory, make_batch, batch_size=p.batch_size, precision=p.precision),
+            lambda p: measure_footprint(
+                model_factory, make_batch, batch_size=p.batch_size, precision=p.precision, **tokenizer
+            ),
             topology,
             f"this box has no GPU, so the {plan.describe()} plan's step time cannot be timed here",
             chag_supported=has_band_groups(cfg.model.name),
@@ -120,10 +130,7 @@ def preflight_check(cfg: Config, plan: Plan, datamodule: HSIDataModule, *, singl
         "steps": cfg.preflight.probe_steps,
         "measure_compression": plan.compression_enabled,
     }
-    if has_band_groups(cfg.model.name):
-        probe_kwargs["tokenizer_modules"] = TOKENIZER_MODULES
-        groups = model_factory().band_groups
-        probe_kwargs["band_group_sizes"] = [stop - start for start, stop in groups]  # type: ignore[union-attr]
+    probe_kwargs.update(tokenizer)
     notes = [f"links and device memory from the topology profile {cfg.preflight.topology!r}"] if topology else []
     if topology is not None:
         notes.append("training-loop cost of several ranks not measurable here: one local rank's figure is used")

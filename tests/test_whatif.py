@@ -79,3 +79,24 @@ def test_a_plan_that_cannot_fit_the_profiles_device_is_no_go():
     verdict = price_absent_devices(Plan(devices=4, accelerator="gpu", batch_size=64), footprint_for, tiny_gpus, "x")
     assert verdict.go is False and verdict.exit_code == 3
     assert any("cannot run there whatever its speed" in reason for reason in verdict.reasons)
+
+
+def test_channel_groups_on_absent_devices_divide_the_tokenizer_memory_and_price_the_token_traffic():
+    from hslite.models import get_model
+
+    def channel_vit() -> nn.Module:
+        return get_model("channel_vit", in_bands=40, num_classes=4, patch_size=3, num_groups=4)
+
+    def patches(b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(b, 40, 3, 3), torch.randint(0, 4, (b,))
+
+    sizes = measure_footprint(
+        channel_vit, patches, batch_size=16, precision="32-true",
+        tokenizer_modules=("tokenizer", "partial_aggregation"), band_group_sizes=[10] * 4,
+    )  # fmt: skip
+    assert 0.5 < sizes.tokenizer_activation_fraction < 1 and sizes.group_token_bytes_per_sample > 0
+    link = load_topology("nvlink_8").link_for(Plan(devices=8, accelerator="gpu"))
+    dp = predict_footprint(Plan(devices=8, accelerator="gpu", batch_size=16), sizes, link, 80 * GIB)
+    chag = predict_footprint(Plan(devices=8, accelerator="gpu", batch_size=16, chag=4), sizes, link, 80 * GIB)
+    assert chag.memory_breakdown_bytes["activations"] < 0.6 * dp.memory_breakdown_bytes["activations"]
+    assert chag.chag_bytes_per_step == 2 * 16 * sizes.group_token_bytes_per_sample and dp.chag_bytes_per_step == 0

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from hslite.errors import ConfigError
-from hslite.preflight.measurements import ProbeResult
+from hslite.preflight.measurements import Footprint
 from hslite.preflight.timers import autocast, intervals_seconds, mark
 
 
@@ -48,15 +48,15 @@ class SavedTensorCounter(torch.autograd.graph.saved_tensors_hooks):
 
 
 def measure_tokenizer(
-    result: ProbeResult,
+    result: Footprint,
     model_factory: Callable[[], nn.Module],
     make_batch: Callable[[int], tuple[Tensor, Tensor]],
     names: tuple[str, ...],
     precision: str,
     dev: torch.device,
     loss_fn: Callable[..., Tensor],
-) -> None:
-    """Fill `result`'s tokenizer shares: forward time, activation bytes, and group-token bytes per sample.
+) -> float:
+    """Fill `result`'s tokenizer share of activation bytes and its group-token bytes; return its share of forward time.
 
     `names` are submodules as in `named_modules()`; the output of the last one, summed over its calls, is the
     group tokens that channel groups all-gather.
@@ -106,6 +106,6 @@ def measure_tokenizer(
             handle.remove()
     if not state["spans"]:
         raise ConfigError(f"tokenizer_modules {list(names)} never ran in the model's forward; name modules that do.")
-    result.chag_fraction = statistics.median(shares)
     result.tokenizer_activation_fraction = counter.inside_bytes / max(counter.total_bytes, 1)
     result.group_token_bytes_per_sample = state["output_bytes"] // result.batch_size
+    return statistics.median(shares)

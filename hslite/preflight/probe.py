@@ -108,7 +108,8 @@ def probe_model(
         if measure_compression:
             result.compress_seconds_per_byte = _int8_seconds_per_byte(result.param_count, dev)
         if tokenizer_modules:
-            measure_tokenizer(result, model_factory, make_batch, tuple(tokenizer_modules), precision, dev, loss_fn)
+            names = tuple(tokenizer_modules)
+            result.chag_fraction = measure_tokenizer(result, model_factory, make_batch, names, precision, dev, loss_fn)
             result.band_group_sizes = band_group_sizes
     finally:
         torch.set_num_threads(previous_threads)
@@ -197,13 +198,17 @@ def measure_footprint(
     *,
     batch_size: int,
     precision: str,
+    tokenizer_modules: tuple[str, ...] = (),
+    band_group_sizes: list[int] | None = None,
     loss_fn: Callable[[Tensor, Tensor], Tensor] = nn.functional.cross_entropy,
 ) -> Footprint:
     """Bytes one rank holds at `batch_size` and `precision`, counted on this CPU with the model's own tensors.
 
     For devices that are not here: parameters, gradients and AdamW state after one optimiser step (at batch 2),
-    and the bytes autograd saves in one forward at `batch_size`. Nothing is timed; allocator and kernel workspace
-    of the absent device are not known, so `peak_bytes` counts the four terms only.
+    and the bytes autograd saves in one forward at `batch_size`, with the tokenizer's share of them and the group
+    tokens' size when `tokenizer_modules` are named (channel groups and rotation divide those). Nothing is timed
+    for pricing; allocator and kernel workspace of the absent device are not known, so `peak_bytes` counts the
+    four terms only.
     """
     dev = torch.device("cpu")
     torch.manual_seed(0)
@@ -216,8 +221,11 @@ def measure_footprint(
     optimizer.step()  # AdamW makes its state on the first step
     sizes = _sizes(model, optimizer, *make_batch(batch_size), precision, dev, loss_fn)
     peak_bytes = sum(sizes[k] for k in ("param_bytes", "grad_bytes", "optimizer_bytes", "activation_bytes"))
-    return Footprint(batch_size=batch_size, precision=precision, device="cpu (sizes only)", peak_bytes=peak_bytes,
-                     **sizes)  # fmt: skip
+    footprint = Footprint(batch_size=batch_size, precision=precision, device="cpu (sizes only)",
+                          peak_bytes=peak_bytes, band_group_sizes=band_group_sizes, **sizes)  # fmt: skip
+    if tokenizer_modules:
+        measure_tokenizer(footprint, model_factory, make_batch, tokenizer_modules, precision, dev, loss_fn)
+    return footprint
 
 
 def _sizes(

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from hslite.preflight.costmodel import comm_seconds, memory_breakdown_bytes, memory_budget_bytes
+from hslite.preflight.costmodel import chag_token_bytes, comm_seconds, memory_breakdown_bytes, memory_budget_bytes
 from hslite.preflight.formulas import wire_bytes
 from hslite.preflight.verdict import Verdict, gib
 
@@ -30,6 +30,7 @@ class FootprintPrediction:
 
     comm_seconds: float  # per optimiser step on the plan's links, none of it hidden (no backward time to hide under)
     wire_bytes: float  # gradient bytes one all-reduce carries per optimiser step
+    chag_bytes_per_step: int  # group tokens all-gathered plus their gradient reduce-scattered, per rank and step
     per_device_peak_bytes: int
     fits_memory: bool
     memory_budget_bytes: int
@@ -61,6 +62,7 @@ def predict_footprint(
     return FootprintPrediction(
         comm_seconds=link_seconds,
         wire_bytes=wire_bytes(sizes.grad_bytes, plan.compression) if plan.dp > 1 and not plan.fsdp else 0.0,
+        chag_bytes_per_step=2 * plan.accumulate * chag_token_bytes(plan, sizes),
         per_device_peak_bytes=peak_bytes,
         fits_memory=peak_bytes <= budget_bytes,
         memory_budget_bytes=budget_bytes,
@@ -104,10 +106,13 @@ def decide_without_compute(
             f"{requested.describe()} needs {gib(pred.per_device_peak_bytes)} per device but the profile's device "
             f"has {gib(pred.memory_budget_bytes)}: it cannot run there whatever its speed"
         )
-    if requested.dp > 1:
+    if requested.dp > 1 or requested.chag_enabled:
+        moved = [f"its gradient all-reduce moves {pred.wire_bytes / 2**20:.3g} MiB"] if requested.dp > 1 else []
+        if requested.chag_enabled:
+            moved.append(f"its channel groups gather and scatter {pred.chag_bytes_per_step / 2**20:.3g} MiB")
         reasons.append(
-            f"its gradient all-reduce moves {pred.wire_bytes / 2**20:.3g} MiB per step: "
-            f"{pred.comm_seconds * 1e3:.3g} ms on the profile's links with none of it hidden under backward"
+            f"{' and '.join(moved)} per step: {pred.comm_seconds * 1e3:.3g} ms on the profile's links with none of "
+            "it hidden under backward"
         )
     go = None if pred.fits_memory else False
     return Verdict(go, requested, None, 0.0, reasons, None, None, predictions, rows, compute_measured=False)
