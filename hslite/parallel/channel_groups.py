@@ -102,7 +102,7 @@ class ChannelGroups:
 
     def __call__(self, model: BandGroupModel, x: Tensor, active: Sequence[int] | None = None) -> Tensor:
         """Logits (n, classes) of `model` (a band-group model) for patches x (n, B, p, p)."""
-        groups = self.owned if active is None else [g for g in self.owned if g in set(active)]
+        groups = self.owned if active is None else sorted(set(self.owned) & set(active))
         bands = model.band_groups
         local = torch.stack([model.encode_group(x[:, bands[g][0] : bands[g][1]], g) for g in groups], dim=1)
         tokens = _GatherGroupTokens.apply(local, self.group, self)  # rank order is group order
