@@ -6,6 +6,7 @@ Scene synthetic_indian_pines (145x145x200), patch 9, batch 256, every labelled p
 variant, best of interleaved rounds. Rows:
   vectorised           PatchDataset.__getitems__ through a DataLoader (collate_patches), contiguous (n, B, p, p)
                        float32, a new batch per step: what HSIDataModule hands to a model (the C kernel)
+  vectorised, fresh batches  the same with a new `torch.empty` batch per step instead of the buffer pool
   vectorised, torch    the same with PatchGatherer(use_kernel=False): what an install without a C compiler gets
   vectorised NHWC      same, PatchGatherer(channels_last=True): same shape, channels-last strides
   gather, reused       PatchGatherer.gather into one preallocated buffer, no DataLoader
@@ -14,14 +15,15 @@ variant, best of interleaved rounds. Rows:
 Copy bandwidth is a large tensor.copy_ (bytes read + written); the pipeline's bandwidth counts the bytes of each
 output batch once written and once read, as a copy of the same bytes would. The last line measures the first row.
 
-Measured on the 2-core AMD EPYC (AVX2, 32 MiB L3, 1 MiB L2 per core), torch 2.13, three runs on a shared machine:
-copy 25-26 GB/s; vectorised 107-119k samples/s = 56-60 % of copy (3.9-4.4x per-sample); gather into a reused
-buffer 122-136k (62-71 %); NHWC 137-155k (70-81 %) and 162-174k reused (83-91 %); per-sample 27k (14 %).
+Measured on the 2-core AMD EPYC (AVX2, 32 MiB L3, 1 MiB L2 per core), torch 2.13, four runs on a shared machine:
+copy 22-26 GB/s; vectorised 91-119k samples/s = 53-60 % of copy (3.9-4.4x per-sample); with fresh batches 79k
+(46 %, one run); torch path 50-70k (29-37 %); gather into a reused buffer 91-136k (53-71 %); NHWC 108-155k
+(63-81 %) and 128-174k reused (74-91 %); per-sample 22-31k (13-17 %).
 
 What limits each: the C kernel copies B*p rows of p floats per patch from a band-major cube and prefetches the
-next patch's rows (without the prefetch: 54 % outside a DataLoader). Through a DataLoader, batches come from
-hslite.datasets.batch_buffers, reused once nothing references them: with a fresh `torch.empty` per batch the
-kernel zeroed the pages of each new 16 MB batch and the same row ran at 65-90k. The torch path gathers whole
+next patch's rows. Through a DataLoader, batches come from hslite.datasets.batch_buffers, reused once nothing
+references them; "vectorised, fresh batches" allocates each with `torch.empty` instead, whose new pages the OS
+zeroes on first touch. The torch path gathers whole
 spectra from a pixel-major cube, then transposes and copies in cache-sized chunks (see hslite/datasets/patches.py).
 """
 
@@ -41,6 +43,13 @@ from hslite.datasets.scenes import load_scene
 BATCH = 256
 PATCH = 9
 COPY_BYTES = 256 * 2**20  # far larger than any cache, so this is memory bandwidth
+
+
+class FreshBatchGatherer(PatchGatherer):
+    """The gatherer with a new torch.empty batch per call instead of the pool's reused memory."""
+
+    def _new_batch(self, n: int) -> torch.Tensor:
+        return torch.empty((n, self.num_bands, self.patch_size, self.patch_size))
 
 
 class PerSampleDataset(Dataset):
@@ -116,6 +125,10 @@ def main() -> None:
         "vectorised": lambda: samples_per_second(
             loader(PatchDataset(PatchGatherer(padded, PATCH), coords, labels), collate_fn=collate_patches), args.seconds
         ),
+        "vectorised, fresh batches": lambda: samples_per_second(
+            loader(PatchDataset(FreshBatchGatherer(padded, PATCH), coords, labels), collate_fn=collate_patches),
+            args.seconds,
+        ),
         "vectorised, torch": lambda: samples_per_second(
             loader(PatchDataset(PatchGatherer(padded, PATCH, use_kernel=False), coords, labels),
                    collate_fn=collate_patches), args.seconds,
@@ -140,11 +153,11 @@ def main() -> None:
     baseline = best["per-sample"]
     print(f"synthetic_indian_pines {cube.shape}, patch {PATCH}, batch {BATCH}, {len(coords)} samples, "
           f"{args.threads} thread(s), best of {args.repeats} x {args.seconds:.1f} s")  # fmt: skip
-    print(f"{'variant':<20} {'samples/s':>12} {'vs per-sample':>14} {'GB/s (w+r)':>11} {'of copy':>8}")
+    print(f"{'variant':<26} {'samples/s':>12} {'vs per-sample':>14} {'GB/s (w+r)':>11} {'of copy':>8}")
     for name, rate in best.items():
         gbps = 2 * rate * bytes_per_sample / 1e9
-        print(f"{name:<20} {rate:>12,.0f} {rate / baseline:>13.1f}x {gbps:>11.2f} {gbps / copy:>8.0%}")
-    print(f"{'tensor.copy_ 256 MiB':<20} {'':>12} {'':>14} {copy:>11.2f} {1:>8.0%}")
+        print(f"{name:<26} {rate:>12,.0f} {rate / baseline:>13.1f}x {gbps:>11.2f} {gbps / copy:>8.0%}")
+    print(f"{'tensor.copy_ 256 MiB':<26} {'':>12} {'':>14} {copy:>11.2f} {1:>8.0%}")
     # No loader can write its output faster than memory copies: this is the best speed-up this machine allows.
     ceiling = copy * 1e9 / (2 * bytes_per_sample) / baseline
     print(f"copy-bandwidth ceiling vs per-sample loader: {ceiling:.1f}x")

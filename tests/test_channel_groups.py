@@ -126,10 +126,6 @@ def _saved_bytes(forward, model: nn.Module, x: torch.Tensor) -> int:
     return counter.total_bytes
 
 
-def _encode_all(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return torch.stack([model.encode_group(x[:, a:b], g) for g, (a, b) in enumerate(model.band_groups)], dim=1)
-
-
 def _memory_worker(rank: int, world: int, init_file: str, out: str) -> None:
     groups = _start(rank, world, init_file, world)
     model = _model(bands=200)
@@ -137,7 +133,7 @@ def _memory_worker(rank: int, world: int, init_file: str, out: str) -> None:
     saved = {
         "rank": _saved_bytes(lambda batch: groups(model, batch), model, x),
         "one process": _saved_bytes(model, model, x),
-        "tokenizer": _saved_bytes(lambda batch: _encode_all(model, batch), model, x),
+        "tokenizer": _saved_bytes(lambda batch: model.encode_groups(batch, range(GROUPS)), model, x),
     }
     Path(f"{out}.{rank}").write_text(json.dumps(saved))
     dist.destroy_process_group()

@@ -46,6 +46,10 @@ def test_band_removal_pca_and_split_file(tmp_path):
     module.setup()
     assert module.num_bands == 4 and module.pca is not None
     assert 0 not in module.kept_bands and module.wavelengths_nm.max() < 2400
+    assert module.input_wavelengths_nm is None  # PCA components have no wavelength: band groups fall back to equal
+    plain = _module(remove_bands=[0, 1])
+    plain.setup()
+    assert plain.input_wavelengths_nm.tolist() == plain.wavelengths_nm.tolist() and len(plain.wavelengths_nm) == 30
     assert next(iter(module.train_dataloader()))[0].shape[1] == 4
     split = make_split(module.scene.gt, "count", train_per_class=6, val_per_class=2, seed=5)
     split.save(tmp_path / "split.npz")

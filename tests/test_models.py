@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from hslite.errors import ModelError
-from hslite.models import describe_models, get_model, list_models
+from hslite.models import describe_models, get_model, has_band_groups, list_models
 
 torch.set_num_threads(1)
 
@@ -130,6 +130,23 @@ def test_channel_vit_forward_is_the_group_by_group_composition():
         composed = model.head(model.aggregate(stacked, torch.arange(len(tokens))))
         assert stacked.shape == (3, 4, 9, 64)
         assert torch.equal(model(x), composed)
+
+
+def test_channel_vit_forward_over_a_subset_encodes_only_those_groups():
+    model = _channel_vit()
+    x = _patches(3, 30, 9)
+    with torch.no_grad():
+        assert model.encode_groups(x, [1, 3]).shape == (3, 2, 9, 64)
+        expected = model.head(model.aggregate(model.encode_groups(x, [1, 3]), [1, 3]))
+        assert torch.equal(model(x, [1, 3]), expected) and torch.equal(model(x, None), model(x))
+
+
+def test_channel_vit_aligns_its_groups_to_spectral_regions_and_says_it_has_groups():
+    wavelengths = [450, 550, 650, 750, 850, 950, 1050, 1150, 1500, 1600, 2000, 2100]  # 3 VIS, 5 NIR, 2 + 2 SWIR
+    model = get_model("channel_vit", in_bands=12, num_classes=3, patch_size=3, wavelengths_nm=wavelengths)
+    assert model.band_groups == [(0, 3), (3, 8), (8, 10), (10, 12)]
+    assert has_band_groups("channel_vit") and not any(has_band_groups(n) for n in ("cnn1d", "cnn3d", "hybridsn"))
+    assert get_model("cnn3d", in_bands=12, num_classes=3, patch_size=3, wavelengths_nm=wavelengths) is not None
 
 
 def test_channel_vit_aggregates_a_subset_of_groups():

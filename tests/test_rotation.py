@@ -95,3 +95,17 @@ def test_models_without_groups_see_inactive_bands_zeroed_and_the_rest_rescaled()
     probe = Probe()
     schedule.forward(probe, x, [1])
     assert probe.seen[0, :, 0, 0].tolist() == [0.0, 0.0, 2.0, 2.0, 2.0, 0.0]  # 6 bands / 3 active
+
+
+def test_a_recipe_sets_g_for_band_group_models_and_for_the_masks_of_the_others():
+    from hslite.build import band_groups_for, build_model, prepared_datamodule
+    from hslite.config import load_config
+
+    vit = load_config("quickstart", ["model.name=channel_vit", "model.band_groups=8", "data.patch_size=3"])
+    datamodule = prepared_datamodule(vit)
+    model = build_model(vit, datamodule)
+    assert len(model.band_groups) == 8 and band_groups_for(vit, datamodule, model) == model.band_groups
+    cnn = load_config("quickstart", ["model.band_groups=3"])
+    assert len(band_groups_for(cnn, datamodule, build_model(cnn, datamodule))) == 3
+    default = load_config("quickstart")
+    assert len(band_groups_for(default, datamodule, build_model(default, datamodule))) == 4

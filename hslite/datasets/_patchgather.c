@@ -1,9 +1,9 @@
 /* Patch gather from a band-major cube into contiguous (n, B, p, p) float32 patches, at memory speed on the CPU.
  *
  * Why C: in a band-major (B, H, W) cube a patch is B*p rows of p floats, one short run each. torch's index ops pay
- * a fixed cost per run that is several times the copy of p floats (11 % of copy bandwidth measured), and gathering
- * whole spectra from a pixel-major cube needs a (p*p, B) -> (B, p*p) transpose per sample that costs as much as the
- * gather itself (25-36 %). Here each run is a few vector moves in a loop the compiler unrolls for the patch size,
+ * a fixed cost per run that is several times the copy of p floats, and gathering whole spectra from a pixel-major
+ * cube needs a (p*p, B) -> (B, p*p) transpose per sample that costs as much as the gather itself (hslite's torch
+ * path: "vectorised, torch" in benchmarks/patches.py). Here each run is a few vector moves in a loop the compiler unrolls for the patch size,
  * and the next sample's runs are prefetched while this one is copied: the B*p runs of a sample lie a plane apart,
  * a pattern no hardware prefetcher follows, so without the hint every run waits on its own cache miss.
  * benchmarks/patches.py gives the figures.

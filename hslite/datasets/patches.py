@@ -4,7 +4,7 @@ Layout: the models take contiguous (n, B, p, p) float32 patches, in which a patc
 - On the CPU the cube is stored band-major, (B, H+2r, W+2r), and the C kernel `_patchgather` copies each patch's
   B*p rows of p floats straight into the batch, prefetching the next sample's rows while it copies this one (they
   lie a band plane apart, which no hardware prefetcher follows). torch's index ops pay a fixed cost per row that
-  is several times the copy of p floats: the same gather by `index_select` ran at 11 % of copy bandwidth.
+  is several times the copy of p floats.
 - Without the kernel (a GPU, or an install without a C compiler) and for `channels_last=True`, the cube is stored
   pixel-major, (H+2r, W+2r, B), where a patch row is ONE run of p*B floats (p neighbouring spectra). Channels-last
   batches are those runs, one `index_select`. For contiguous batches, a chunk of a few samples is gathered into a
@@ -14,8 +14,7 @@ Layout: the models take contiguous (n, B, p, p) float32 patches, in which a patc
 
 Measured (benchmarks/patches.py on the 2-core AMD EPYC: AVX2, 32 MiB L3, 1 MiB L2 per core; torch 2.13, one
 thread; IP-sized scene, 9x9 patches, batch 256, a new batch per step through a DataLoader): the kernel 56-60 % of
-copy bandwidth (54 % without its prefetch, outside a DataLoader), the torch path 37 %, where its gather, transpose
-and copy cost about a third each.
+copy bandwidth, the torch path 37 %, where its gather, transpose and copy cost about a third each.
 
 Buffers: `gather(coords, out=...)` fills a caller's buffer; without `out` a batch comes from a BufferPool
 (hslite/datasets/batch_buffers.py), whose memory is reused only once no tensor references it, so a DataLoader

@@ -161,9 +161,15 @@ class ChannelViT(nn.Module):
             x = layer(x)
         return self.classifier(self.norm(x[:, 0]))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits (n, classes) from patches (n, bands, p, p), every group encoded then aggregated."""
-        group_tokens = torch.stack(
-            [self.encode_group(x[:, start:stop], index) for index, (start, stop) in enumerate(self.band_groups)], dim=1
-        )
-        return self.head(self.aggregate(group_tokens, list(range(len(self.band_groups)))))
+    def encode_groups(self, x: torch.Tensor, group_indices: Sequence[int]) -> torch.Tensor:
+        """The given groups' tokens from patches (n, bands, p, p) with every band: (n, len(group_indices), L, dim)."""
+        groups = self.band_groups
+        return torch.stack([self.encode_group(x[:, groups[g][0] : groups[g][1]], g) for g in group_indices], dim=1)
+
+    def forward(self, x: torch.Tensor, group_indices: Sequence[int] | None = None) -> torch.Tensor:
+        """Logits (n, classes) from patches (n, bands, p, p): the given groups (default all) encoded and aggregated.
+
+        Channel-subset rotation passes the step's active groups; evaluation uses them all.
+        """
+        indices = list(range(len(self.band_groups))) if group_indices is None else list(group_indices)
+        return self.head(self.aggregate(self.encode_groups(x, indices), indices))

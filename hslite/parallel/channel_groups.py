@@ -33,8 +33,8 @@ class BandGroupModel(Protocol):
 
     band_groups: list[tuple[int, int]]
 
-    def encode_group(self, x_group: Tensor, group_index: int) -> Tensor:
-        """One group's bands (n, b_g, p, p) -> its tokens (n, L, D)."""
+    def encode_groups(self, x: Tensor, group_indices: Sequence[int]) -> Tensor:
+        """The given groups' tokens from patches with every band (n, B, p, p) -> (n, len(group_indices), L, D)."""
         ...
 
     def aggregate(self, group_tokens: Tensor, group_indices: Sequence[int]) -> Tensor:
@@ -103,8 +103,7 @@ class ChannelGroups:
     def __call__(self, model: BandGroupModel, x: Tensor, active: Sequence[int] | None = None) -> Tensor:
         """Logits (n, classes) of `model` (a band-group model) for patches x (n, B, p, p)."""
         groups = self.owned if active is None else sorted(set(self.owned) & set(active))
-        bands = model.band_groups
-        local = torch.stack([model.encode_group(x[:, bands[g][0] : bands[g][1]], g) for g in groups], dim=1)
+        local = model.encode_groups(x, groups)
         tokens = _GatherGroupTokens.apply(local, self.group, self)  # rank order is group order
         indices = sorted(active) if active is not None else list(range(self.num_groups))
         return model.head(model.aggregate(tokens, indices))
@@ -114,7 +113,7 @@ class ChannelGroupDDPStrategy(DDPStrategy):
     """Lightning DDP over a (dp, chag) mesh: band groups split within each chag group (see the module notes)."""
 
     def __init__(self, chag: int, **kwargs: Any) -> None:
-        super().__init__(find_unused_parameters=True, **kwargs)
+        super().__init__(**{**kwargs, "find_unused_parameters": True})  # groups are unused on ranks not owning them
         self.chag = chag
         self._chag_group: Any = None
 

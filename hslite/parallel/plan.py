@@ -243,7 +243,8 @@ def _ddp_strategy(plan: Plan) -> Any:
         "process_group_backend": "gloo" if plan.accelerator == "cpu" else "nccl",
         "timeout": timedelta(minutes=5),  # a rank that died should fail the run in minutes, not torch's 30
     }
-    if plan.rotation_enabled and not plan.chag_enabled:  # the inactive groups' parameters are unused that step
+    if plan.rotation_enabled or plan.chag_enabled:
+        # A band group's own parameters go unused in a step that leaves it out, or on a rank that does not own it.
         options["find_unused_parameters"] = True
     if plan.chag_enabled:
         from hslite.parallel.channel_groups import ChannelGroupCompressedDDPStrategy, ChannelGroupDDPStrategy

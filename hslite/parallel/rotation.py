@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import torch
@@ -64,12 +63,9 @@ class RotationSchedule:
 
     def forward(self, model: nn.Module, x: Tensor, active: Sequence[int]) -> Tensor:
         """Logits of `model` for patches x (n, B, p, p) with only the `active` band groups taking part."""
-        bands = self.band_groups
-        if hasattr(model, "encode_group"):
-            grouped: Any = model
-            tokens = torch.stack([grouped.encode_group(x[:, bands[g][0] : bands[g][1]], g) for g in active], dim=1)
-            return grouped.head(grouped.aggregate(tokens, list(active)))
+        if hasattr(model, "encode_groups"):  # a band-group model encodes only the active groups
+            return model(x, active)
         mask = torch.zeros(x.shape[1], dtype=x.dtype, device=x.device)
         for g in active:
-            mask[bands[g][0] : bands[g][1]] = 1.0
+            mask[self.band_groups[g][0] : self.band_groups[g][1]] = 1.0
         return model(x * (mask * (x.shape[1] / mask.sum()))[None, :, None, None])
