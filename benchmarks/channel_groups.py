@@ -1,16 +1,17 @@
-"""Channel groups: step time, activation memory and collected bytes for chag = 1/2/4 beside the predictions.
+"""Channel groups: step time, activation memory and exchanged bytes for chag = 1/2/4 beside the predictions.
 
     python benchmarks/channel_groups.py             # ~3 min on 2 cores
-    python benchmarks/channel_groups.py --batch 64 --patch 9
+    python benchmarks/channel_groups.py --batch 64 --patch 9 --groups 4
 
-Model: channel_vit small on the synthetic Indian-Pines-shaped scene (200 bands after water-band removal, 4 band
-groups aligned to VIS/NIR/SWIR-1/SWIR-2), one batch shared by the chag ranks (dp = 1). For each chag:
+Model: channel_vit small on the synthetic Indian-Pines-shaped scene (200 bands after water-band removal; 8 band
+groups aligned to VIS/NIR/SWIR-1/SWIR-2, as recipe indian_pines_8gpu_chag), one batch shared by the chag ranks
+(dp = 1). For each chag:
   predicted  the real pre-flight (`check_recipe`) of that plan: step seconds, activation bytes per rank (its
              memory breakdown) and the channel-group bytes per step (Prediction.chag_bytes_per_step);
   measured   step seconds of a short `fit` of the same plan (median batch, as benchmarks/preflight_fidelity.py),
              and in chag spawned gloo ranks the same model on one training batch: the most bytes a rank saves
              for backward (what the probe counts as activations; ranks own regions of different sizes) and the
-             bytes a rank's group-token all-gather and reduce-scatter carry per step.
+             bytes a rank's group-token exchange (all-to-all, forward and backward) writes per step.
 The last line is `chag=4 activation memory: N% of chag=1` (measured). Spawned ranks re-import this file, so the
 work runs under the main guard.
 """
@@ -44,18 +45,19 @@ def _rank(rank: int, world: int, init_file: str, model_kwargs: dict, batch: tupl
     mesh = init_device_mesh("cpu", (1, world), mesh_dim_names=("dp", "chag"))
     torch.manual_seed(0)
     model = get_model("channel_vit", **model_kwargs)
-    groups = ChannelGroups(len(model.band_groups), world, rank, mesh.get_group("chag"))
+    sizes = [stop - start for start, stop in model.band_groups]
+    groups = ChannelGroups(sizes, world, rank, mesh.get_group("chag"))
     x, y = batch
     counter = SavedTensorCounter(model)
     with counter:
         logits = groups(model, x) if world > 1 else model(x)
-    torch.nn.functional.cross_entropy(logits, y).backward()
-    Path(f"{out}.{rank}").write_text(json.dumps({"saved": counter.total_bytes, "collected": groups.bytes_collected}))
+    torch.nn.functional.cross_entropy(logits, groups.own_samples(y) if world > 1 else y).backward()
+    Path(f"{out}.{rank}").write_text(json.dumps({"saved": counter.total_bytes, "received": groups.bytes_received}))
     dist.destroy_process_group()
 
 
 def measure_ranks(chag: int, model_kwargs: dict, batch: tuple, root: Path) -> dict:
-    """For one training step with `chag` ranks: the most bytes a rank saves for backward, and a rank's collected bytes.
+    """For one training step with `chag` ranks: the most bytes a rank saves, and rank 0's (largest slice) exchange.
 
     The band groups follow the spectral regions, so ranks own different numbers of bands: the largest is the peak.
     """
@@ -64,7 +66,7 @@ def measure_ranks(chag: int, model_kwargs: dict, batch: tuple, root: Path) -> di
     out = root / f"ranks{chag}.json"
     mp.spawn(_rank, args=(chag, str(root / f"init{chag}"), model_kwargs, batch, str(out)), nprocs=chag, join=True)
     ranks = [json.loads(Path(f"{out}.{rank}").read_text()) for rank in range(chag)]
-    return {"saved": max(r["saved"] for r in ranks), "collected": ranks[0]["collected"]}
+    return {"saved": max(r["saved"] for r in ranks), "received": ranks[0]["received"]}
 
 
 def main() -> int:
@@ -72,6 +74,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=32, help="samples per step, shared by the chag ranks")
     parser.add_argument("--patch", type=int, default=9, help="patch size (9: 9 spatial tokens per band)")
+    parser.add_argument("--groups", type=int, default=8, help="band groups (model.band_groups)")
     args = parser.parse_args()
 
     from preflight_fidelity import RECIPE_FOR_DEVICES, Bench, Case
@@ -85,7 +88,8 @@ def main() -> int:
         bench = Bench(root, fresh=False)
         for chag in CHAGS:
             case = Case("channel_vit", "small", chag, args.batch, chag=chag, patch_size=args.patch)
-            cfg = bench.config(RECIPE_FOR_DEVICES[chag], case.overrides())
+            overrides = [*case.overrides(), f"model.band_groups={args.groups}"]
+            cfg = bench.config(RECIPE_FOR_DEVICES[chag], overrides)
             verdict = check_recipe(cfg)
             predicted = verdict.predictions[verdict.requested]
             datamodule = prepared_datamodule(cfg)
@@ -94,22 +98,23 @@ def main() -> int:
                 "num_classes": datamodule.num_classes,
                 "patch_size": args.patch,
                 "wavelengths_nm": datamodule.input_wavelengths_nm,
+                "num_groups": args.groups,
             }
             ranks = measure_ranks(chag, model_kwargs, training_batches(datamodule, 0)(args.batch), root)
-            measured_seconds, _ = bench.measure(RECIPE_FOR_DEVICES[chag], case.overrides(), (str(chag),))
+            measured_seconds, _ = bench.measure(RECIPE_FOR_DEVICES[chag], overrides, (str(chag),))
             rows.append((chag, predicted, measured_seconds, ranks))
 
-    print(f"channel_vit small, {model_kwargs['in_bands']} bands, patch {args.patch}, batch {args.batch} per step, "
-          "dp 1, gloo ranks on this machine")  # fmt: skip
+    print(f"channel_vit small, {model_kwargs['in_bands']} bands in {args.groups} groups, patch {args.patch}, "
+          f"batch {args.batch} per step, dp 1, gloo ranks on this machine")  # fmt: skip
     header = (f"{'chag':>4}  {'pred step s':>11}  {'meas step s':>11}  {'err':>5}  {'pred act MB':>11}  "
-              f"{'meas act MB':>11}  {'pred coll MB':>12}  {'meas coll MB':>12}")  # fmt: skip
+              f"{'meas act MB':>11}  {'pred exch MB':>12}  {'meas exch MB':>12}")  # fmt: skip
     print(header)
     print("-" * len(header))
     for chag, predicted, measured_seconds, ranks in rows:
         error = (predicted.step_seconds - measured_seconds) / measured_seconds
         print(f"{chag:>4}  {predicted.step_seconds:>11.4f}  {measured_seconds:>11.4f}  {error:>+5.0%}  "
               f"{predicted.memory_breakdown_bytes['activations'] / 1e6:>11.2f}  {ranks['saved'] / 1e6:>11.2f}  "
-              f"{predicted.chag_bytes_per_step / 1e6:>12.3f}  {ranks['collected'] / 1e6:>12.3f}")  # fmt: skip
+              f"{predicted.chag_bytes_per_step / 1e6:>12.3f}  {ranks['received'] / 1e6:>12.3f}")  # fmt: skip
     saved = {chag: ranks["saved"] for chag, _, _, ranks in rows}
     print(f"chag=4 activation memory: {saved[4] / saved[1]:.0%} of chag=1")
     return 0

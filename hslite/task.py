@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import lightning.pytorch as pl
 import torch
 from torch import nn
-from torchmetrics import MetricCollection
+from torchmetrics import Metric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassCohenKappa, MulticlassConfusionMatrix
 
 if TYPE_CHECKING:
@@ -75,7 +75,7 @@ class HSIClassifier(pl.LightningModule):
         self.test_confusion = MulticlassConfusionMatrix(c, ignore_index=IGNORE_INDEX)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits for a batch of patches (n, B, p, p), over this rank's band groups under channel groups."""
+        """Logits for a batch of patches (n, B, p, p); under channel groups for this rank's samples (own_targets)."""
         if self.channel_groups is not None:
             return self.channel_groups(self.model, x)  # type: ignore[arg-type]
         return self.model(x)
@@ -84,10 +84,27 @@ class HSIClassifier(pl.LightningModule):
         """One optimisation step's loss."""
         x, y = batch
         logits = self.training_logits(x)
-        loss = self.loss(logits, y)
-        self.train_metrics.update(logits.detach(), y)
+        loss = self.batch_loss(logits, y)
+        self.update_metrics([self.train_metrics], logits.detach(), self.own_targets(y))
         self.log("train/loss", loss, prog_bar=True, batch_size=len(y))
         return loss
+
+    @staticmethod
+    def update_metrics(metrics: list[Metric | MetricCollection], logits: torch.Tensor, y: torch.Tensor) -> None:
+        """Update each of `metrics`, unless this rank has no samples (a chag rank's slice of a batch under chag)."""
+        if len(y):  # torchmetrics cannot reshape an empty batch
+            for metric in metrics:
+                metric.update(logits, y)
+
+    def own_targets(self, y: torch.Tensor) -> torch.Tensor:
+        """The targets of the logits this rank computes: all of y, or its samples under channel groups."""
+        return y if self.channel_groups is None else self.channel_groups.own_samples(y)
+
+    def batch_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The loss of batch y as DDP should average it; under channel groups this rank's share (loss_share)."""
+        if self.channel_groups is None:
+            return self.loss(logits, y)
+        return self.channel_groups.loss_share(self.loss, logits, y)
 
     def training_logits(self, x: torch.Tensor) -> torch.Tensor:
         """Logits as a training step computes them: under rotation, with this optimiser step's band groups only."""
@@ -107,8 +124,8 @@ class HSIClassifier(pl.LightningModule):
         """Accumulate validation loss and metrics."""
         x, y = batch
         logits = self(x)
-        self.log("val/loss", self.loss(logits, y), sync_dist=True, batch_size=len(y))
-        self.val_metrics.update(logits, y)
+        self.log("val/loss", self.batch_loss(logits, y), sync_dist=True, batch_size=len(y))
+        self.update_metrics([self.val_metrics], logits, self.own_targets(y))
 
     def on_validation_epoch_end(self) -> None:
         """Log validation OA/AA/kappa (the checkpoint monitors val/OA)."""
@@ -119,9 +136,7 @@ class HSIClassifier(pl.LightningModule):
         """Accumulate test metrics, per-class accuracy and the confusion matrix."""
         x, y = batch
         logits = self(x)
-        self.test_metrics.update(logits, y)
-        self.test_per_class.update(logits, y)
-        self.test_confusion.update(logits, y)
+        self.update_metrics([self.test_metrics, self.test_per_class, self.test_confusion], logits, self.own_targets(y))
 
     def on_test_epoch_end(self) -> None:
         """Log test OA/AA/kappa; per-class accuracy and the confusion matrix stay on the module for reports."""

@@ -5,6 +5,7 @@ import pytest
 
 from hslite.errors import ModelError
 from hslite.models.band_groups import SPECTRAL_REGIONS_NM, contiguous_band_groups, spectral_band_groups
+from hslite.parallel.group_owners import rank_groups
 
 # 4 VIS, 3 NIR, 2 SWIR-1 and 1 SWIR-2 bands: unequal region sizes, so allocation and merging are both exercised.
 TEN_BANDS_NM = [420, 500, 580, 660, 750, 900, 1100, 1500, 1700, 2200]
@@ -167,3 +168,21 @@ def test_the_indian_pines_table_groups_by_region():
 def test_bad_input_raises_a_model_error_that_says_what_to_fix(wavelengths, num_bands, num_groups, message):
     with pytest.raises(ModelError, match=message):
         spectral_band_groups(wavelengths, num_bands, num_groups)
+
+
+@pytest.mark.parametrize(
+    ("sizes", "ranks", "most_bands"),
+    [
+        ([17, 16, 32, 32, 24, 23, 28, 28], 4, 52),  # Indian Pines in 8 region groups; consecutive pairs give 64
+        ([33, 64, 47, 56], 2, 103),
+        ([50] * 4, 4, 50),
+        ([10] * 8, 2, 40),
+        ([9, 1, 1, 1], 2, 10),
+    ],
+)
+def test_channel_group_ranks_own_as_many_groups_with_their_bands_balanced(sizes, ranks, most_bands):
+    owners = rank_groups(sizes, ranks)
+    assert sorted(g for owned in owners for g in owned) == list(range(len(sizes)))  # every group once
+    assert {len(owned) for owned in owners} == {len(sizes) // ranks}
+    assert max(sum(sizes[g] for g in owned) for owned in owners) == most_bands
+    assert rank_groups(sizes, ranks) == owners  # every rank derives the same split

@@ -167,10 +167,15 @@ def test_channel_groups_split_tokenizer_and_add_token_traffic():
     probe = make_probe(chag_fraction=0.5, tokenizer_activation_fraction=0.5, group_token_bytes_per_sample=10_000)
     link = LinkModel(0.0, 40 * GB)
     pred = cm.predict(gpu_plan(4, chag=4), probe, link, 80 * 2**30)
-    assert pred.compute_seconds == pytest.approx(COMPUTE_SECONDS * (0.5 + 0.5 / 4))
-    tokens = 64 * 10_000
+    # The tokenizer splits by bands, the rest by samples: a quarter of both (batch 64 in slices of 16).
+    assert pred.compute_seconds == pytest.approx(COMPUTE_SECONDS / 4)
+    tokens = 64 * 10_000 / 4  # a rank's exchange writes its slice's tokens of every group (and the gradient back)
+    assert pred.chag_bytes_per_step == 2 * tokens
     assert pred.comm_seconds == pytest.approx(2 * 0.75 * tokens / (40 * GB))
-    assert pred.memory_breakdown_bytes["activations"] == pytest.approx(64e6 * (0.5 + 0.5 / 4))
+    assert pred.memory_breakdown_bytes["activations"] == pytest.approx(64e6 / 4)
+    uneven = cm.predict(gpu_plan(4, chag=4, batch_size=62), probe, link, 80 * 2**30)  # slices of 16, 16, 15, 15
+    per_sample = COMPUTE_SECONDS / 64  # make_probe's compute is linear in the batch without a constant
+    assert uneven.compute_seconds == pytest.approx(per_sample * 62 * (0.5 * 16 / 62 + 0.5 / 4))
     rotated = cm.predict(gpu_plan(1, rotation_groups=2), replace(probe, band_group_sizes=[25] * 8), link, 80 * 2**30)
     assert rotated.compute_seconds == pytest.approx(COMPUTE_SECONDS * (0.5 + 0.5 * 2 / 8))
     unknown = cm.predict(gpu_plan(4, chag=2), make_probe(), link, 80 * 2**30)

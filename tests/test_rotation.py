@@ -12,6 +12,7 @@ from torch import nn
 from hslite.errors import ConfigError
 from hslite.models import get_model
 from hslite.models.band_groups import contiguous_band_groups
+from hslite.parallel.group_owners import rank_groups
 from hslite.parallel.rotation import RotationSchedule, check_rotation
 
 
@@ -28,10 +29,10 @@ def test_every_group_is_active_in_every_cycle_of_ceil_g_over_k_steps(groups, act
         seen = [schedule.active_groups(step) for step in range(start, start + cycle)]
         assert all(len(step) == active and len(set(step)) == active for step in seen)
         assert set().union(*seen) == set(range(groups))
-    per_rank = groups // chag
     for step in range(20):  # each channel-group rank encodes the same number of its own groups
-        owners = [g // per_rank for g in schedule.active_groups(step)]
-        assert all(owners.count(rank) == active // chag for rank in range(chag))
+        active_groups = set(schedule.active_groups(step))
+        assert all(len(active_groups & set(owned)) == active // chag for owned in schedule.owners)
+    assert schedule.owners == rank_groups([4] * groups, chag)  # the groups each rank owns under channel groups
 
 
 def test_the_schedule_is_the_same_on_every_rank_and_follows_the_seed():

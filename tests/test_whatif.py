@@ -99,4 +99,4 @@ def test_channel_groups_on_absent_devices_divide_the_tokenizer_memory_and_price_
     dp = predict_footprint(Plan(devices=8, accelerator="gpu", batch_size=16), sizes, link, 80 * GIB)
     chag = predict_footprint(Plan(devices=8, accelerator="gpu", batch_size=16, chag=4), sizes, link, 80 * GIB)
     assert chag.memory_breakdown_bytes["activations"] < 0.6 * dp.memory_breakdown_bytes["activations"]
-    assert chag.chag_bytes_per_step == 2 * 16 * sizes.group_token_bytes_per_sample and dp.chag_bytes_per_step == 0
+    assert chag.chag_bytes_per_step == 2 * 16 // 4 * sizes.group_token_bytes_per_sample and dp.chag_bytes_per_step == 0

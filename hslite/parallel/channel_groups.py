@@ -2,15 +2,20 @@
 
 Ranks form a (dp, chag) mesh, row-major: global rank = dp_rank × chag + chag_rank, so one chag group is `chag`
 consecutive ranks, and those ranks see the same samples (the sampler follows the dp index). Forward on a rank:
-encode only its own G/chag groups (their tokenizer work and activations), all-gather the (n, G/chag, L, D) group
-tokens over its chag group with autograd, then aggregate and head over all G groups, replicated in the chag group.
+encode its own G/chag groups (bands balanced, group_owners.py) for the whole batch (their tokenizer work and
+activations), exchange group tokens over its chag group with autograd (an all-to-all: each rank sends every other
+rank the tokens of that rank's slice of the samples, and receives its own slice's tokens of every group), then
+aggregate over all G groups and run the head on its slice only: n/chag samples. D-CHAG replicates that rest on
+every chag rank; splitting it by samples divides its compute and activations by chag as well and moves 1/chag of
+the bytes an all-gather would.
 
-Gradients, with DDP averaging every gradient over all dp × chag ranks: the all-gather's backward reduce-scatters,
-summing the token gradient of every chag rank into each rank's slice, so the tokenizer's gradient on a rank is
-chag × its groups' share, and the average over the chag ranks adds the shares up; the replicated aggregation and
-head give every chag rank the same gradient, which the average keeps. Every rank thus ends with the gradient of one
-process over the dp ranks' samples (exact in fp32 up to summation order; tests/test_channel_groups.py). A group's
-own parameters are unused on the ranks that do not own it, so DDP runs with find_unused_parameters.
+Gradients, with DDP averaging every gradient over all dp × chag ranks: a rank's loss is its samples' share of the
+batch loss times chag (`loss_share`), so the chag ranks' replicated-parameter gradients average to the batch's;
+the exchange's backward returns every slice's token gradient to the group's owner, whose tokenizer gradient is then
+chag × the batch's, and the average over the chag ranks (zero on the others) divides that back. Every rank thus
+ends with the gradient of one process over the dp ranks' samples (exact in fp32 up to summation order;
+tests/test_channel_groups.py). A group's own parameters are unused on the ranks that do not own it, so DDP runs
+with find_unused_parameters.
 """
 
 from __future__ import annotations
@@ -21,10 +26,11 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 from lightning.pytorch.strategies import DDPStrategy
-from torch import Tensor
+from torch import Tensor, nn
 from torch.distributed.device_mesh import init_device_mesh
 
 from hslite.errors import ConfigError
+from hslite.parallel.group_owners import rank_groups
 from hslite.parallel.strategies import CompressedDDPStrategy
 
 
@@ -46,32 +52,35 @@ class BandGroupModel(Protocol):
         ...
 
 
-class _GatherGroupTokens(torch.autograd.Function):
-    """All-gather (n, g, L, D) tokens along the group dimension; backward reduce-scatters (sums) the gradient.
+class _ExchangeGroupTokens(torch.autograd.Function):
+    """All-to-all: this rank's g groups for all n samples (n, g, L, D) -> every group for its own samples (m, G, L, D).
 
-    torch.distributed.nn.functional.all_gather does the same but is deprecated (for private functional
-    collectives) and, over gloo, emulates the reduce-scatter with an all-to-all of every gradient chunk.
+    `splits` are the samples each rank of the group keeps, in rank order (m = splits[rank]). Backward is the reverse
+    exchange: each rank's gradient for the tokens of its samples goes back to the ranks that own those groups. An
+    all-gather of all the tokens would move chag times the bytes, to feed a replicated rest that only needs a slice.
     """
 
     @staticmethod
-    def forward(ctx: Any, local: Tensor, group: Any, counter: ChannelGroups) -> Tensor:
-        ctx.group, ctx.counter = group, counter
-        ranks = dist.get_world_size(group)
-        n, g = local.shape[:2]
-        gathered = local.new_empty((ranks * n, *local.shape[1:]))  # rank after rank along the first dimension
-        dist.all_gather_single(gathered, local.contiguous(), group=group)
-        counter.bytes_collected += gathered.numel() * gathered.element_size()
-        return gathered.view(ranks, *local.shape).transpose(0, 1).reshape(n, ranks * g, *local.shape[2:])
+    def forward(ctx: Any, local: Tensor, group: Any, splits: list[int], counter: ChannelGroups) -> Tensor:
+        ranks, mine = len(splits), splits[dist.get_rank(group)]
+        ctx.group, ctx.splits, ctx.mine, ctx.counter = group, splits, mine, counter
+        received = local.new_empty((ranks * mine, *local.shape[1:]))  # rank after rank along the first dimension
+        dist.all_to_all_single(received, local.contiguous(), [mine] * ranks, splits, group=group)
+        counter.bytes_received += received.numel() * received.element_size()
+        g = local.shape[1]
+        return received.view(ranks, mine, *local.shape[1:]).transpose(0, 1).reshape(mine, ranks * g, *local.shape[2:])
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
-        ranks = dist.get_world_size(ctx.group)
-        n, total = grad.shape[:2]
-        per_rank = grad.reshape(n, ranks, total // ranks, *grad.shape[2:]).transpose(0, 1).contiguous()
-        local = grad.new_empty(per_rank.shape[1:])
-        dist.reduce_scatter_single(local, per_rank.view(ranks * n, *per_rank.shape[2:]), group=ctx.group)
-        ctx.counter.bytes_collected += per_rank.numel() * per_rank.element_size()
-        return local, None, None
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
+        ranks, mine = len(ctx.splits), ctx.mine
+        g = grad.shape[1] // ranks
+        per_rank = (
+            grad.reshape(mine, ranks, g, *grad.shape[2:]).transpose(0, 1).reshape(ranks * mine, g, *grad.shape[2:])
+        )
+        local = grad.new_empty((sum(ctx.splits), g, *grad.shape[2:]))
+        dist.all_to_all_single(local, per_rank.contiguous(), ctx.splits, [mine] * ranks, group=ctx.group)
+        ctx.counter.bytes_received += local.numel() * local.element_size()
+        return local, None, None, None
 
 
 def check_divides(num_groups: int, chag: int) -> None:
@@ -85,28 +94,54 @@ def check_divides(num_groups: int, chag: int) -> None:
 
 
 class ChannelGroups:
-    """The forward of one chag rank: its own band groups, all-gathered group tokens, the shared rest.
+    """The forward of one chag rank: its own band groups for the batch, exchanged tokens, the rest for its samples.
 
     `group` is the chag sub-group (None: the default group, all ranks). `active`, when given, is the step's band
     groups under channel-subset rotation: the same number on every rank of the chag group (see rotation.py).
     """
 
-    def __init__(self, num_groups: int, chag: int, chag_rank: int, group: Any = None) -> None:
-        check_divides(num_groups, chag)
-        per_rank = num_groups // chag
-        self.num_groups, self.chag, self.chag_rank, self.group = num_groups, chag, chag_rank, group
-        self.owned = list(range(chag_rank * per_rank, (chag_rank + 1) * per_rank))
-        # Bytes of the gathered group tokens and of their gradient's reduce-scatter input, summed over calls: the
+    def __init__(self, group_sizes: Sequence[int], chag: int, chag_rank: int, group: Any = None) -> None:
+        check_divides(len(group_sizes), chag)
+        self.chag, self.chag_rank, self.group = chag, chag_rank, group
+        self.owners = rank_groups(group_sizes, chag)  # bands balanced across the ranks
+        self.owned = self.owners[chag_rank]
+        # Bytes the token exchange writes on this rank (forward tokens, backward gradients), summed over calls: the
         # size the pre-flight prices (Prediction.chag_bytes_per_step).
-        self.bytes_collected = 0
+        self.bytes_received = 0
+
+    def sample_splits(self, n: int) -> list[int]:
+        """Samples of an n-sample batch each chag rank runs the rest of the model on (sizes differ by at most one)."""
+        base, extra = divmod(n, self.chag)
+        return [base + (rank < extra) for rank in range(self.chag)]
+
+    def own_samples(self, batch: Tensor) -> Tensor:
+        """The rows of a batch (every chag rank holds it whole) that this rank runs the rest of the model on."""
+        splits = self.sample_splits(len(batch))
+        start = sum(splits[: self.chag_rank])
+        return batch[start : start + splits[self.chag_rank]]
 
     def __call__(self, model: BandGroupModel, x: Tensor, active: Sequence[int] | None = None) -> Tensor:
-        """Logits (n, classes) of `model` (a band-group model) for patches x (n, B, p, p)."""
-        groups = self.owned if active is None else sorted(set(self.owned) & set(active))
-        local = model.encode_groups(x, groups)
-        tokens = _GatherGroupTokens.apply(local, self.group, self)  # rank order is group order
-        indices = sorted(active) if active is not None else list(range(self.num_groups))
-        return model.head(model.aggregate(tokens, indices))
+        """Logits (m, classes) of `model` (a band-group model) for this rank's m samples of patches x (n, B, p, p)."""
+        taking_part = [[g for g in owned if active is None or g in active] for owned in self.owners]
+        local = model.encode_groups(x, taking_part[self.chag_rank])
+        tokens = _ExchangeGroupTokens.apply(local, self.group, self.sample_splits(len(x)), self)
+        return model.head(model.aggregate(tokens, [g for owned in taking_part for g in owned]))  # in rank order
+
+    def loss_share(self, loss: nn.CrossEntropyLoss, logits: Tensor, targets: Tensor) -> Tensor:
+        """The share of the whole batch's `loss` on this rank, for its logits and the batch's `targets` (all n).
+
+        `loss`'s mean is over the whole batch's labelled samples, weighted by class: its weighted sum over this
+        rank's samples, divided by the batch's total weight, times chag because DDP averages over the chag ranks
+        whose shares add up to the batch loss. It estimates the batch loss from this rank's samples, as a DDP rank's
+        loss does from its shard; DDP's mean of it is the batch loss exactly.
+        """
+        own = self.own_samples(targets)
+        summed = nn.functional.cross_entropy(
+            logits, own, weight=loss.weight, ignore_index=loss.ignore_index, reduction="sum"
+        )
+        labelled = targets[targets != loss.ignore_index]
+        total = labelled.numel() if loss.weight is None else loss.weight[labelled].sum()
+        return summed * self.chag / total
 
 
 class ChannelGroupDDPStrategy(DDPStrategy):
@@ -140,8 +175,9 @@ class ChannelGroupDDPStrategy(DDPStrategy):
                 f"parallel.chag={self.chag} needs a model with band groups (channel_vit); "
                 f"{type(model).__name__} has none. Set parallel.chag=1 or model.name=channel_vit."
             )
+        sizes = [stop - start for start, stop in band_groups]
         trainer.lightning_module.channel_groups = ChannelGroups(
-            len(band_groups), self.chag, self.global_rank % self.chag, self._chag_group
+            sizes, self.chag, self.global_rank % self.chag, self._chag_group
         )
         super().setup(trainer)
 

@@ -4,7 +4,7 @@ The schedule is a function of the step and the seed alone, so ranks agree withou
 continues it. Steps come in cycles of ⌈G/k⌉: each cycle draws a permutation of the groups (from the seed and the
 cycle number) and walks it k at a time, so every group is active at least once per cycle; a short last slice is
 filled from the start of the permutation. Under channel groups each chag rank draws its k/chag groups from its
-own G/chag, so every rank encodes the same number of groups and the all-gather stays rectangular.
+own G/chag, so every rank encodes the same number of groups and the token exchange stays rectangular.
 
 Band-group models (channel_vit) encode only the active groups: fewer tokens, less compute and memory, and the
 inactive groups' own parameters get no gradient, so the optimiser leaves them and their moments alone that step
@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from hslite.errors import ConfigError
+from hslite.parallel.group_owners import rank_groups
 
 
 def check_rotation(num_groups: int, active: int, chag: int = 1) -> None:
@@ -50,6 +51,7 @@ class RotationSchedule:
         check_rotation(len(band_groups), active, chag)
         self.band_groups = list(band_groups)
         self.num_groups, self.active, self.seed, self.chag = len(band_groups), active, seed, chag
+        self.owners = rank_groups([stop - start for start, stop in self.band_groups], chag)  # as channel groups
         self.per_rank = self.num_groups // chag
         self.active_per_rank = active // chag
         self.steps_per_cycle = math.ceil(self.per_rank / self.active_per_rank)  # = ⌈G/k⌉
@@ -59,7 +61,7 @@ class RotationSchedule:
         cycle, position = divmod(step, self.steps_per_cycle)
         order = np.random.default_rng([self.seed, cycle]).permutation(self.per_rank)
         slots = np.arange(position * self.active_per_rank, (position + 1) * self.active_per_rank) % self.per_rank
-        return sorted(int(rank * self.per_rank + g) for rank in range(self.chag) for g in order[slots])
+        return sorted(owned[i] for owned in self.owners for i in order[slots])
 
     def forward(self, model: nn.Module, x: Tensor, active: Sequence[int]) -> Tensor:
         """Logits of `model` for patches x (n, B, p, p) with only the `active` band groups taking part."""

@@ -59,7 +59,7 @@ def measure_tokenizer(
     """Fill `result`'s tokenizer share of activation bytes and its group-token bytes; return its share of forward time.
 
     `names` are submodules as in `named_modules()`; the output of the last one, summed over its calls, is the
-    group tokens that channel groups all-gather.
+    group tokens that channel groups exchange.
     """
     torch.manual_seed(0)
     model = model_factory().to(dev).train()

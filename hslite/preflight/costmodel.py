@@ -11,7 +11,14 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from hslite.preflight.formulas import allgather_seconds, allreduce_seconds, reduce_scatter_seconds, wire_bytes
+from hslite.parallel.group_owners import rank_groups
+from hslite.preflight.formulas import (
+    allgather_seconds,
+    allreduce_seconds,
+    alltoall_seconds,
+    reduce_scatter_seconds,
+    wire_bytes,
+)
 
 if TYPE_CHECKING:
     from hslite.parallel.plan import Plan
@@ -38,7 +45,7 @@ class Prediction:
     per_device_peak_bytes: int
     fits_memory: bool
     speedup: float  # S(N) against the same per-device plan alone on one device
-    chag_bytes_per_step: int  # group tokens all-gathered forward plus their gradient reduce-scattered, per rank
+    chag_bytes_per_step: int  # group tokens and their gradients one rank's exchanges write (chag_token_bytes × 2)
     r: float  # communication/computation ratio, S(N) = N/(1+r)
     memory_budget_bytes: int  # what one rank may use (host memory ÷ processes on CPU)
     memory_breakdown_bytes: dict[str, int] = field(default_factory=dict)
@@ -67,18 +74,20 @@ def memory_breakdown_bytes(plan: Plan, probe: Footprint) -> dict[str, int]:
 
 def _tokenizer_factor(plan: Plan, probe: Footprint, fraction: float | None, chag: int, worst: bool = False) -> float:
     # Channel groups split the tokenizer's work by chag and rotation keeps k of G groups (DESIGN §3), by bands: the
-    # tokenizer's work is per band, and groups aligned to spectral regions differ in size.
+    # tokenizer's work is per band, and groups aligned to spectral regions differ in size. The rest of the model
+    # runs on the rank's slice of the samples, the largest ⌈b/chag⌉ (channel_groups.py).
     if fraction is None:
         return 1.0
-    return (1.0 - fraction) + fraction * tokenizer_share(plan, probe, chag, worst)
+    rest_share = math.ceil(plan.batch_size / chag) / plan.batch_size
+    return (1.0 - fraction) * rest_share + fraction * tokenizer_share(plan, probe, chag, worst)
 
 
 def tokenizer_share(plan: Plan, probe: Footprint, chag: int, worst: bool = False) -> float:
     """The share of all bands that the most loaded of `chag` ranks tokenises in a step.
 
-    Rank r owns groups r·G/chag ... (r+1)·G/chag − 1. Under rotation it encodes k/chag of them a step: on average
-    (every group equally often) that share of its bands, and in the `worst` step (what memory must hold) its
-    largest k/chag groups. Without group sizes: 1/chag × k/G.
+    Ranks own G/chag groups each, bands balanced as channel groups run them (group_owners.py). Under rotation a
+    rank encodes k/chag of them a step: on average (every group equally often) that share of its bands, and in the
+    `worst` step (what memory must hold) its largest k/chag groups. Without group sizes: 1/chag × k/G.
     """
     sizes = probe.band_group_sizes
     rotating = plan.rotation_enabled and bool(sizes)
@@ -86,7 +95,7 @@ def tokenizer_share(plan: Plan, probe: Footprint, chag: int, worst: bool = False
         return 1.0 / chag
     per_rank = len(sizes) // chag
     active = plan.rotation_groups // chag if rotating else per_rank
-    owned = [sorted(sizes[r * per_rank : (r + 1) * per_rank], reverse=True) for r in range(chag)]
+    owned = [sorted((sizes[g] for g in groups), reverse=True) for groups in rank_groups(sizes, chag)]
     load = [sum(groups[:active]) if worst else sum(groups) * active / per_rank for groups in owned]
     return max(load) / sum(sizes)
 
@@ -218,19 +227,21 @@ def comm_seconds(
 
 
 def chag_token_bytes(plan: Plan, probe: Footprint) -> int:
-    """Bytes of the group tokens one micro-step all-gathers: b × G × L × D, × k/G under rotation; 0 without chag."""
+    """Bytes one token exchange writes on a rank per micro-step: b/chag × G × L × D, × k/G under rotation.
+
+    Forward, its slice of the samples' tokens of every group; backward, its groups' gradient for all b samples:
+    the same size (channel_groups.py). 0 without chag.
+    """
     if not plan.chag_enabled or probe.group_token_bytes_per_sample is None:
         return 0
     active = plan.rotation_groups / probe.band_groups if plan.rotation_enabled and probe.band_groups else 1.0
-    return round(probe.group_token_bytes_per_sample * plan.batch_size * active)
+    return round(probe.group_token_bytes_per_sample * plan.batch_size * active / plan.chag)
 
 
 def _chag_seconds(plan: Plan, probe: Footprint, link: LinkModel, exact: bool, notes: list[str]) -> float:
-    # All-gather of the group tokens forward, reduce-scatter of their gradient backward, per micro-step.
+    # The all-to-all of the group tokens forward and of their gradient backward, per micro-step.
     if probe.group_token_bytes_per_sample is None:
         notes.append("channel-group traffic not priced: the probe did not measure the group token size")
         return 0.0
     token_bytes = chag_token_bytes(plan, probe)
-    per_micro_seconds = allgather_seconds(token_bytes, plan.chag, link, ring_factor_exact=exact)
-    per_micro_seconds += reduce_scatter_seconds(token_bytes, plan.chag, link, ring_factor_exact=exact)
-    return plan.accumulate * per_micro_seconds
+    return plan.accumulate * 2 * alltoall_seconds(token_bytes, plan.chag, link, ring_factor_exact=exact)

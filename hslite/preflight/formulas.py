@@ -42,6 +42,14 @@ def allgather_seconds(total_bytes: float, world_size: int, link: LinkModel, *, r
     return _ring_seconds(1, total_bytes, world_size, link, ring_factor_exact)
 
 
+def alltoall_seconds(output_bytes: float, world_size: int, link: LinkModel, *, ring_factor_exact: bool = True) -> float:
+    """All-to-all writing `output_bytes` on each rank, (N−1)/N of it from the others in N−1 pairwise rounds.
+
+    (N−1)·alpha + (N−1)/N·S/BW: the ring all-gather's cost for a result of the same size.
+    """
+    return _ring_seconds(1, output_bytes, world_size, link, ring_factor_exact)
+
+
 def reduce_scatter_seconds(
     total_bytes: float, world_size: int, link: LinkModel, *, ring_factor_exact: bool = True
 ) -> float:

@@ -30,7 +30,7 @@ class FootprintPrediction:
 
     comm_seconds: float  # per optimiser step on the plan's links, none of it hidden (no backward time to hide under)
     wire_bytes: float  # gradient bytes one all-reduce carries per optimiser step
-    chag_bytes_per_step: int  # group tokens all-gathered plus their gradient reduce-scattered, per rank and step
+    chag_bytes_per_step: int  # group tokens and their gradients a rank's exchanges write per step (costmodel)
     per_device_peak_bytes: int
     fits_memory: bool
     memory_budget_bytes: int
