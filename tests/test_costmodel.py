@@ -114,6 +114,12 @@ def test_cpu_ranks_share_host_memory_and_cores():
     assert pred.oversubscription == 2.0
     assert pred.compute_seconds == pytest.approx(2 * COMPUTE_SECONDS)
     assert pred.speedup == pytest.approx(2.0)  # four ranks at half speed
+    measured = replace(probe, contention=2.5, contention_ranks=4)  # caches and memory shared too
+    pred = cm.predict(plan, measured, LinkModel.no_cost(), 400_000_000, cpu_cores=2)
+    assert pred.oversubscription == 2.5 and pred.compute_seconds == pytest.approx(2.5 * COMPUTE_SECONDS)
+    assert any("4 ranks stepping at once each ran 2.50× slower" in note for note in pred.notes)
+    other = cm.predict(replace(plan, devices=2), measured, LinkModel.no_cost(), 400_000_000, cpu_cores=2)
+    assert other.oversubscription == 1.0  # measured for 4 ranks, not 2: the core count decides
 
 
 def test_accumulation_divides_communication_per_sample():
@@ -171,7 +177,8 @@ def test_channel_groups_split_tokenizer_and_add_token_traffic():
     assert pred.compute_seconds == pytest.approx(COMPUTE_SECONDS / 4)
     tokens = 64 * 10_000 / 4  # a rank's exchange writes its slice's tokens of every group (and the gradient back)
     assert pred.chag_bytes_per_step == 2 * tokens
-    assert pred.comm_seconds == pytest.approx(2 * 0.75 * tokens / (40 * GB))
+    # DDP's all-reduce spans the 4 chag ranks (each holds a share of one gradient), the exchange runs twice.
+    assert pred.comm_seconds == pytest.approx(2 * 0.75 * GRAD_BYTES / (40 * GB) + 2 * 0.75 * tokens / (40 * GB))
     assert pred.memory_breakdown_bytes["activations"] == pytest.approx(64e6 / 4)
     uneven = cm.predict(gpu_plan(4, chag=4, batch_size=62), probe, link, 80 * 2**30)  # slices of 16, 16, 15, 15
     per_sample = COMPUTE_SECONDS / 64  # make_probe's compute is linear in the batch without a constant

@@ -107,3 +107,12 @@ def test_bf16_autocast_probe_runs_and_bad_precision_is_refused():
     assert result.precision == "bf16-mixed" and result.forward_seconds > 0
     with pytest.raises(ConfigError, match="precision must be one of"):
         probe_model(linear_stack, make_batch, batch_size=4, precision="fp8")
+
+
+def test_cpu_ranks_contention_is_measured_with_the_ranks_stepping_at_once():
+    result = probe_model(linear_stack, make_batch, batch_size=8, precision="32-true", threads=1, steps=2,
+                         concurrent_ranks=2)  # fmt: skip
+    assert result.contention >= 1 and result.contention_ranks == 2  # never faster than alone
+    assert ProbeResult.from_dict(result.to_dict()) == result
+    alone = probe_model(linear_stack, make_batch, batch_size=8, precision="32-true", threads=1, steps=1)
+    assert alone.contention is None and alone.contention_ranks == 1

@@ -49,7 +49,7 @@ class Prediction:
     r: float  # communication/computation ratio, S(N) = N/(1+r)
     memory_budget_bytes: int  # what one rank may use (host memory ÷ processes on CPU)
     memory_breakdown_bytes: dict[str, int] = field(default_factory=dict)
-    oversubscription: float = 1.0  # CPU compute slow-down from ranks sharing cores; 1 means none
+    oversubscription: float = 1.0  # CPU compute slow-down from ranks sharing cores, caches, memory; 1: none
     cpu_cores: int | None = None  # cores the CPU ranks share; None on GPU
     notes: list[str] = field(default_factory=list)
 
@@ -131,8 +131,9 @@ def predict(
     `loop_seconds` is the training loop's measured cost per synchronised micro-step with the plan's ranks,
     `alone_loop_seconds` with one (default: the same), also what an accumulating micro-step costs; see
     `preflight.overhead`. The analytic reference cases leave both at 0.
-    On CPU, ranks are processes sharing `cpu_cores` (default: this machine's): compute slows by
-    devices × probe.threads / cores when above 1, and `device_memory_bytes` is host memory shared by the ranks.
+    On CPU, ranks are processes sharing `cpu_cores` (default: this machine's): compute slows by the probe's measured
+    contention for the plan's ranks, else by devices × probe.threads / cores when above 1, and `device_memory_bytes`
+    is host memory shared by the ranks.
     """
     plan.validate()
     notes: list[str] = []
@@ -143,14 +144,18 @@ def predict(
     oversubscription, cores = 1.0, None
     if plan.accelerator == "cpu":
         cores = cpu_cores or len(os.sched_getaffinity(0))
-        oversubscription = max(1.0, plan.devices * probe.threads / cores)
-        if oversubscription > 1:
-            notes.append(f"{plan.devices} processes with {probe.threads} thread(s) each share {cores} cores")
+        if probe.contention is not None and probe.contention_ranks == plan.devices:
+            oversubscription = probe.contention  # measured with the plan's ranks stepping at once
+            notes.append(f"{plan.devices} ranks stepping at once each ran {oversubscription:.2f}× slower than alone")
+        else:
+            oversubscription = max(1.0, plan.devices * probe.threads / cores)
+            if oversubscription > 1:
+                notes.append(f"{plan.devices} processes with {probe.threads} thread(s) each share {cores} cores")
     shards = plan.dp if plan.fsdp else 1
     compute_seconds, backward_seconds = (oversubscription * s for s in _compute_seconds(plan, probe, plan.chag, shards))
 
     exposed_seconds = comm_seconds(plan, probe, link, chag_link, backward_seconds, ring_factor_exact, notes)
-    if plan.dp > 1 and plan.compression == "int8":
+    if plan.world_size > 1 and plan.compression == "int8":
         per_byte = probe.compress_seconds_per_byte
         if per_byte is None:
             per_byte = DEFAULT_COMPRESS_SECONDS_PER_BYTE[plan.accelerator]
@@ -213,9 +218,9 @@ def comm_seconds(
         exposed_seconds += reduce_scatter_seconds(sizes.grad_bytes, plan.dp, link, ring_factor_exact=exact)
         exposed_seconds = max(0.0, exposed_seconds - link.overlap * backward_seconds)
         notes.append("FSDP: the transiently gathered parameters of one wrapped unit are not counted in memory")
-    elif plan.dp > 1:
+    elif plan.world_size > 1:  # DDP spans every rank: channel-group ranks hold shares of one gradient
         seconds = allreduce_seconds(
-            wire_bytes(sizes.grad_bytes, plan.compression), plan.dp, link, ring_factor_exact=exact
+            wire_bytes(sizes.grad_bytes, plan.compression), plan.world_size, link, ring_factor_exact=exact
         )
         overlap = link.overlap * max(0.0, 1.0 - DDP_BUCKET_CAP_BYTES / max(sizes.grad_bytes, 1))
         exposed_seconds = max(0.0, seconds - overlap * backward_seconds)

@@ -108,15 +108,16 @@ def measure_links(
 def measure_links_for(plan: Plan, *, fresh: bool = False, timeout_seconds: float = 60.0) -> LinkModel:
     """A `link_for` for `run_preflight` that measures this machine (cached).
 
-    The plan's data-parallel ranks: gloo with the threads one CPU rank gets, or NCCL on GPUs. Multi-node plans
+    The ranks of the plan's gradient all-reduce (all of them: DDP spans channel groups too): gloo with the threads
+    one CPU rank gets, or NCCL on GPUs. Multi-node plans
     cannot be measured here: use `load_topology(name).link_for`.
     """
     if plan.num_nodes > 1:
         raise ConfigError(f"{plan.describe()} spans {plan.num_nodes} nodes; price it with a topology profile.")
     if plan.accelerator == "gpu":
-        return measure_links(plan.dp, backend="nccl", fresh=fresh, timeout_seconds=timeout_seconds)
+        return measure_links(plan.world_size, backend="nccl", fresh=fresh, timeout_seconds=timeout_seconds)
     threads = threads_per_process(plan)
-    return measure_links(plan.dp, threads_per_process=threads, fresh=fresh, timeout_seconds=timeout_seconds)
+    return measure_links(plan.world_size, threads_per_process=threads, fresh=fresh, timeout_seconds=timeout_seconds)
 
 
 def _join_within(ctx: mp.ProcessContext, timeout_seconds: float, what: str) -> None:

@@ -62,6 +62,8 @@ class ProbeResult(Footprint):
     compute_c1_seconds_per_sample: float
     compress_seconds_per_byte: float | None = None  # int8 quantise + dequantise per fp32 gradient byte
     chag_fraction: float | None = None  # share of forward time in the tokenizer module
+    contention: float | None = None  # CPU: times slower a step runs with `contention_ranks` ranks at once
+    contention_ranks: int = 1
 
 
 @dataclass

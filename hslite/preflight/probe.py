@@ -32,7 +32,8 @@ def probe_for_plans(
 ) -> Callable[[Plan], ProbeResult]:
     """A `probe_for` for `run_preflight`: probes at the plan's batch and precision.
 
-    GPU plans are probed on cuda:0, CPU plans with the threads one rank gets. `probe_kwargs` go to `probe_model`
+    GPU plans are probed on cuda:0, CPU plans with the threads one rank gets and with the plan's ranks stepping at
+    once, for their contention (`measure_contention`). `probe_kwargs` go to `probe_model`
     (cache_key, fresh, steps, measure_compression, tokenizer_modules, band_group_sizes, ...).
     """
 
@@ -40,7 +41,7 @@ def probe_for_plans(
         on_gpu = plan.accelerator == "gpu"
         return probe_model(model_factory, make_batch, batch_size=plan.batch_size, precision=plan.precision,
                            device="cuda:0" if on_gpu else "cpu", threads=None if on_gpu else threads_per_process(plan),
-                           **probe_kwargs)  # fmt: skip
+                           concurrent_ranks=1 if on_gpu else plan.devices, **probe_kwargs)  # fmt: skip
 
     return probe_for
 
@@ -62,6 +63,7 @@ def probe_model(
     band_group_sizes: list[int] | None = None,
     loss_fn: Callable[[Tensor, Tensor], Tensor] = nn.functional.cross_entropy,
     budget_seconds: float = 10.0,  # timed steps stop here; a normal 3D-CNN probe needs ~3 s on 2 cores
+    concurrent_ranks: int = 1,
 ) -> ProbeResult:
     """Measure one training step of `model_factory()` on one device; cached when `cache_key` is given.
 
@@ -69,7 +71,9 @@ def probe_model(
     early once `budget_seconds` is spent (AMP on an AVX2 CPU can take seconds per step). `tokenizer_modules` name
     the submodules (as in `named_modules()`) whose work channel groups split, e.g. ("tokenizer",
     "partial_aggregation") for channel_vit: their share of forward time and of activation bytes is measured, and the
-    output of the last one, summed over its calls, is the group-token size per sample. `fresh=True` re-measures.
+    output of the last one, summed over its calls, is the group-token size per sample. `concurrent_ranks` > 1 on
+    CPU also measures how much slower a step runs with that many ranks at once (`measure_contention`), the
+    spawned processes needing the caller's `if __name__ == "__main__":` guard. `fresh=True` re-measures.
     """
     if precision not in PRECISIONS:
         raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}.")
@@ -88,6 +92,7 @@ def probe_model(
         "measure_compression": measure_compression,
         "tokenizer_modules": list(tokenizer_modules),
         "band_group_sizes": band_group_sizes,
+        "concurrent_ranks": concurrent_ranks if dev.type == "cpu" else 1,
         "torch": torch.__version__,
     }
     try:
@@ -111,11 +116,90 @@ def probe_model(
             names = tuple(tokenizer_modules)
             result.chag_fraction = measure_tokenizer(result, model_factory, make_batch, names, precision, dev, loss_fn)
             result.band_group_sizes = band_group_sizes
+        if dev.type == "cpu" and concurrent_ranks > 1:
+            alone_seconds = result.forward_seconds + result.backward_seconds + result.optimizer_seconds
+            result.contention = measure_contention(model_factory(), make_batch(batch_size), ranks=concurrent_ranks,
+                                                   threads=torch.get_num_threads(), precision=precision,
+                                                   alone_seconds=alone_seconds, loss_fn=loss_fn, warmup=warmup,
+                                                   steps=steps)  # fmt: skip
+            result.contention_ranks = concurrent_ranks
     finally:
         torch.set_num_threads(previous_threads)
     if cache_key is not None:
         write_cache("probe", key, result.to_dict())
     return result
+
+
+def _timed_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    x: Tensor,
+    y: Tensor,
+    precision: str,
+    dev: torch.device,
+    loss_fn: Callable[..., Tensor],
+) -> list[float]:
+    """One training step: seconds of forward (with the loss), backward, and the optimiser step with zero_grad."""
+    marks = [mark(dev)]
+    with autocast(precision, dev):
+        loss = loss_fn(model(x), y)
+    marks.append(mark(dev))
+    loss.backward()
+    marks.append(mark(dev))
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    marks.append(mark(dev))
+    return intervals_seconds(marks, dev)
+
+
+def measure_contention(
+    model: nn.Module,
+    batch: tuple[Tensor, Tensor],
+    *,
+    ranks: int,
+    threads: int,
+    precision: str,
+    alone_seconds: float,
+    loss_fn: Callable[[Tensor, Tensor], Tensor] = nn.functional.cross_entropy,
+    warmup: int = 2,
+    steps: int = 5,
+) -> float:
+    """How many times slower a CPU rank's training step runs while `ranks` processes run it at once: at least 1.
+
+    CPU ranks share more than cores: the L3 cache and the memory bandwidth. Two 1-thread ranks of the small channel
+    ViT on this 2-core box stepped in 35-37 ms against 27-29 ms alone, and a prediction from the rank alone was
+    short by as much. So `ranks` spawned processes with `threads` threads each start the probe's step together
+    (a barrier after warm-up) and time `steps` of it; the slowest rank's median, which DDP waits for, over
+    `alone_seconds` (the same step in one process with the same threads) is the factor.
+    """
+    context = torch.multiprocessing.get_context("spawn")
+    barrier, results = context.Barrier(ranks), context.SimpleQueue()
+    args = (model, batch, threads, precision, loss_fn, warmup, steps, barrier, results)
+    torch.multiprocessing.start_processes(_contention_rank, args=args, nprocs=ranks, start_method="spawn")
+    slowest = max(results.get() for _ in range(ranks))
+    return max(1.0, slowest / alone_seconds)
+
+
+def _contention_rank(
+    rank: int,
+    model: nn.Module,
+    batch: tuple[Tensor, Tensor],
+    threads: int,
+    precision: str,
+    loss_fn: Callable[..., Tensor],
+    warmup: int,
+    steps: int,
+    barrier: Any,
+    results: Any,
+) -> None:
+    torch.set_num_threads(threads)
+    dev = torch.device("cpu")
+    optimizer = torch.optim.AdamW(model.parameters())
+    for _ in range(warmup):
+        _timed_step(model, optimizer, *batch, precision, dev, loss_fn)
+    barrier.wait()
+    timed = [sum(_timed_step(model, optimizer, *batch, precision, dev, loss_fn)) for _ in range(steps)]
+    results.put(statistics.median(timed))
 
 
 def _device_label(dev: torch.device) -> str:
@@ -142,16 +226,7 @@ def _measure(
         return x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
 
     def step(x: Tensor, y: Tensor) -> list[float]:
-        marks = [mark(dev)]
-        with autocast(precision, dev):
-            loss = loss_fn(model(x), y)
-        marks.append(mark(dev))
-        loss.backward()
-        marks.append(mark(dev))
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        marks.append(mark(dev))
-        return intervals_seconds(marks, dev)
+        return _timed_step(model, optimizer, x, y, precision, dev, loss_fn)
 
     def median_step(b: int, stop_at: float, warmup_steps: int) -> list[float]:
         x, y = batch_on_device(b)

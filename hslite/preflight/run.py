@@ -81,7 +81,7 @@ def run_preflight(
                     precision=plan.precision,
                 )
             )
-        link_key = (plan.dp, plan.devices, plan.num_nodes, plan.accelerator)
+        link_key = (plan.devices, plan.num_nodes, plan.accelerator)
         if link_key not in links:
             links[link_key] = link_for(plan)
         chag_link = None

@@ -63,9 +63,9 @@ class Topology:
             )
 
     def link_for(self, plan: Plan) -> LinkModel:
-        """The data-parallel all-reduce link: intra-node when the plan fits in one node, else inter-node."""
+        """The gradient all-reduce link (over every rank): intra-node when the plan fits in one node, else inter-node."""
         self._check(plan)
-        if plan.dp <= 1:
+        if plan.world_size <= 1:
             return LinkModel.no_cost()
         if plan.num_nodes == 1:
             return self._link(self.intra_gbps, self.intra_latency_us, "intra")

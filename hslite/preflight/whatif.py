@@ -54,14 +54,14 @@ def predict_footprint(
     plan.validate()
     notes: list[str] = []
     link_seconds = comm_seconds(plan, sizes, link, chag_link, 0.0, True, notes)
-    if plan.dp > 1 and plan.compression == "int8":
+    if plan.world_size > 1 and plan.compression == "int8":
         notes.append("int8 quantise cost is compute: not priced")
     breakdown = memory_breakdown_bytes(plan, sizes)
     peak_bytes = sum(breakdown.values())
     budget_bytes = memory_budget_bytes(plan, device_memory_bytes)
     return FootprintPrediction(
         comm_seconds=link_seconds,
-        wire_bytes=wire_bytes(sizes.grad_bytes, plan.compression) if plan.dp > 1 and not plan.fsdp else 0.0,
+        wire_bytes=wire_bytes(sizes.grad_bytes, plan.compression) if plan.world_size > 1 and not plan.fsdp else 0.0,
         chag_bytes_per_step=2 * plan.accumulate * chag_token_bytes(plan, sizes),
         per_device_peak_bytes=peak_bytes,
         fits_memory=peak_bytes <= budget_bytes,
@@ -106,10 +106,10 @@ def decide_without_compute(
             f"{requested.describe()} needs {gib(pred.per_device_peak_bytes)} per device but the profile's device "
             f"has {gib(pred.memory_budget_bytes)}: it cannot run there whatever its speed"
         )
-    if requested.dp > 1 or requested.chag_enabled:
-        moved = [f"its gradient all-reduce moves {pred.wire_bytes / 2**20:.3g} MiB"] if requested.dp > 1 else []
+    if requested.world_size > 1:
+        moved = [f"its gradient all-reduce moves {pred.wire_bytes / 2**20:.3g} MiB"]
         if requested.chag_enabled:
-            moved.append(f"its channel groups gather and scatter {pred.chag_bytes_per_step / 2**20:.3g} MiB")
+            moved.append(f"its channel groups exchange {pred.chag_bytes_per_step / 2**20:.3g} MiB of group tokens")
         reasons.append(
             f"{' and '.join(moved)} per step: {pred.comm_seconds * 1e3:.3g} ms on the profile's links with none of "
             "it hidden under backward"
