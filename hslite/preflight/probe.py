@@ -163,18 +163,21 @@ def measure_contention(
     loss_fn: Callable[[Tensor, Tensor], Tensor] = nn.functional.cross_entropy,
     warmup: int = 2,
     steps: int = 5,
+    window_seconds: float = 0.5,
 ) -> float:
     """How many times slower a CPU rank's training step runs while `ranks` processes run it at once: at least 1.
 
-    CPU ranks share more than cores: the L3 cache and the memory bandwidth. Two 1-thread ranks of the small channel
-    ViT on this 2-core box stepped in 35-37 ms against 27-29 ms alone, and a prediction from the rank alone was
-    short by as much. So `ranks` spawned processes with `threads` threads each start the probe's step together
-    (a barrier after warm-up) and time `steps` of it; the slowest rank's median, which DDP waits for, over
-    `alone_seconds` (the same step in one process with the same threads) is the factor.
+    CPU ranks share more than cores: the L3 cache and the memory bandwidth. For the small channel ViT on a 2-core
+    EPYC this measured 1.12× with two 1-thread ranks (batch 32) and 2.45× with four (batch 16), where the core
+    count alone says 1× and 2×; predictions from the rank alone were short by as much. So `ranks` spawned
+    processes with `threads` threads each start the probe's step together (a barrier after warm-up) and time
+    steps of it for `window_seconds` at least, so that they overlap even when a step takes a millisecond; the
+    slowest rank's median, which DDP waits for, over `alone_seconds` (the same step in one process with the same
+    threads) is the factor.
     """
     context = torch.multiprocessing.get_context("spawn")
     barrier, results = context.Barrier(ranks), context.SimpleQueue()
-    args = (model, batch, threads, precision, loss_fn, warmup, steps, barrier, results)
+    args = (model, batch, threads, precision, loss_fn, warmup, steps, window_seconds, barrier, results)
     torch.multiprocessing.start_processes(_contention_rank, args=args, nprocs=ranks, start_method="spawn")
     slowest = max(results.get() for _ in range(ranks))
     return max(1.0, slowest / alone_seconds)
@@ -189,6 +192,7 @@ def _contention_rank(
     loss_fn: Callable[..., Tensor],
     warmup: int,
     steps: int,
+    window_seconds: float,
     barrier: Any,
     results: Any,
 ) -> None:
@@ -198,7 +202,10 @@ def _contention_rank(
     for _ in range(warmup):
         _timed_step(model, optimizer, *batch, precision, dev, loss_fn)
     barrier.wait()
-    timed = [sum(_timed_step(model, optimizer, *batch, precision, dev, loss_fn)) for _ in range(steps)]
+    timed: list[float] = []
+    end = time.monotonic() + window_seconds
+    while len(timed) < steps or time.monotonic() < end:
+        timed.append(sum(_timed_step(model, optimizer, *batch, precision, dev, loss_fn)))
     results.put(statistics.median(timed))
 
 

@@ -63,7 +63,7 @@ class Topology:
             )
 
     def link_for(self, plan: Plan) -> LinkModel:
-        """The gradient all-reduce link (over every rank): intra-node when the plan fits in one node, else inter-node."""
+        """The gradient all-reduce link (every rank): intra-node when the plan fits in one node, else inter-node."""
         self._check(plan)
         if plan.world_size <= 1:
             return LinkModel.no_cost()
