@@ -59,6 +59,23 @@ def cpu_probe_for(plan: Plan) -> ProbeResult:
     )  # fmt: skip
 
 
+def test_a_lone_cpu_rank_is_probed_at_the_largest_one_device_batch_and_the_ranks_at_theirs():
+    probed: list[tuple[int, int]] = []
+
+    def probe_for(plan: Plan) -> ProbeResult:
+        probed.append((plan.devices, plan.batch_size))
+        return cpu_probe_for(plan)
+
+    run_preflight(Plan(devices=4, accelerator="cpu", batch_size=16), probe_for, lambda plan: GLOO_4_ON_2_CORES,
+                  8 * GIB, cpu_cores=2)  # fmt: skip
+    # One device accumulates the 4 ranks' micro-batches: its biggest candidate is b64, not b16 extrapolated 4×.
+    assert (1, 64) in probed and (4, 16) in probed and (2, 16) in probed and (1, 16) not in probed
+    probed.clear()
+    run_preflight(Plan(devices=1, accelerator="cpu", batch_size=16), probe_for, lambda plan: GLOO_4_ON_2_CORES,
+                  8 * GIB, cpu_cores=2)  # fmt: skip
+    assert set(probed) == {(1, 16)}  # a one-device request is probed at its own batch (each precision)
+
+
 def test_four_cpu_processes_on_two_cores_for_a_small_model_is_no_go():
     requested = Plan(devices=4, accelerator="cpu", batch_size=32)
     verdict = run_preflight(requested, cpu_probe_for, lambda plan: GLOO_4_ON_2_CORES, 8 * GIB, cpu_cores=2)

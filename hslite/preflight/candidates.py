@@ -21,6 +21,18 @@ def _same_global_batch(plan: Plan) -> list[Plan]:
     return out
 
 
+def _one_device(requested: Plan) -> Plan:
+    """The requested optimiser step on one device: all its micro-batches accumulated there."""
+    return requested.with_(
+        devices=1, num_nodes=1, chag=1, fsdp=False, compression="none", accumulate=requested.dp * requested.accumulate
+    )
+
+
+def largest_one_device_batch(requested: Plan) -> int:
+    """The largest micro-batch of the one-device candidates of `requested` (the best of them, as a rule)."""
+    return max(plan.batch_size for plan in _same_global_batch(_one_device(requested)))
+
+
 def candidate_plans(
     requested: Plan,
     max_devices: int,
@@ -43,8 +55,7 @@ def candidate_plans(
     plans: list[Plan] = [requested]
     precisions = ("32-true", AMP_PRECISION, requested.precision) if amp else (requested.precision,)
     for precision in dict.fromkeys(precisions):
-        single = requested.with_(devices=1, num_nodes=1, chag=1, fsdp=False, compression="none")
-        plans += _same_global_batch(single.with_(precision=precision, accumulate=micro_batches))
+        plans += _same_global_batch(_one_device(requested).with_(precision=precision))
     for nodes in dict.fromkeys((1, requested.num_nodes)):
         for devices in range(1, max_devices + 1):
             world = devices * nodes

@@ -16,7 +16,7 @@ from typing import Any
 
 from hslite.errors import ConfigError
 from hslite.parallel.plan import Plan
-from hslite.preflight.candidates import candidate_plans
+from hslite.preflight.candidates import candidate_plans, largest_one_device_batch
 from hslite.preflight.costmodel import Prediction, predict
 from hslite.preflight.measurements import Footprint, LinkModel, ProbeResult
 from hslite.preflight.topology import Topology
@@ -71,13 +71,18 @@ def run_preflight(
 
     def price(plan: Plan) -> Prediction:
         ranks_sharing_cores = plan.devices if plan.accelerator == "cpu" else 1  # sets the threads a CPU rank gets
-        probe_key = (plan.precision, plan.accelerator, ranks_sharing_cores)
+        probe_batch = requested.batch_size
+        if plan.accelerator == "cpu" and plan.world_size == 1 < requested.world_size:
+            # A lone CPU rank prices only one-device candidates, up to BATCH_SCALES' 4× the requested micro-batch;
+            # probed at (b, b/2) it would extrapolate the biggest of them (usually the best) fourfold.
+            probe_batch = largest_one_device_batch(requested)
+        probe_key = (plan.precision, plan.accelerator, ranks_sharing_cores, probe_batch)
         if probe_key not in probes:
             probes[probe_key] = probe_for(
                 Plan(
                     devices=ranks_sharing_cores,
                     accelerator=plan.accelerator,
-                    batch_size=requested.batch_size,
+                    batch_size=probe_batch,
                     precision=plan.precision,
                 )
             )
