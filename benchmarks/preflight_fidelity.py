@@ -1,8 +1,10 @@
 """Pre-flight fidelity: the step time and efficiency it predicts against a real short `hslite fit` of the same plan.
 
-    python benchmarks/preflight_fidelity.py            # full matrix, ~5-6 min on 2 cores
+    python benchmarks/preflight_fidelity.py            # full matrix, ~5 min on 2 cores with a warm cache
     python benchmarks/preflight_fidelity.py --quick    # 3 plans of the 1-D CNN, ~1 min (what the test runs)
-    python benchmarks/preflight_fidelity.py --fresh    # re-probe and re-measure the links instead of the cache
+    python benchmarks/preflight_fidelity.py --fresh    # re-probe and re-measure everything, ~12 min
+
+On a shared machine, quote `--fresh`: a probe cached an hour earlier saw another load than the fit it predicts.
 
 Every plan runs on this machine: gloo processes sharing its cores, on the synthetic Indian-Pines-shaped scene of the
 quickstart recipes (quickstart, quickstart_cpu2, quickstart_cpu4 by process count). For each plan:
