@@ -117,7 +117,7 @@ class HSIClassifier(pl.LightningModule):
 
     def on_train_epoch_end(self) -> None:
         """Log the epoch's training metrics."""
-        self.log_dict(self.train_metrics.compute(), sync_dist=True)
+        self.log_dict(self.train_metrics.compute())  # torchmetrics has synced the ranks' states
         self.train_metrics.reset()
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
@@ -129,7 +129,7 @@ class HSIClassifier(pl.LightningModule):
 
     def on_validation_epoch_end(self) -> None:
         """Log validation OA/AA/kappa (the checkpoint monitors val/OA)."""
-        self.log_dict(self.val_metrics.compute(), prog_bar=True, sync_dist=True)
+        self.log_dict(self.val_metrics.compute(), prog_bar=True)  # synced by torchmetrics
         self.val_metrics.reset()
 
     def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
@@ -140,7 +140,7 @@ class HSIClassifier(pl.LightningModule):
 
     def on_test_epoch_end(self) -> None:
         """Log test OA/AA/kappa; per-class accuracy and the confusion matrix stay on the module for reports."""
-        self.log_dict(self.test_metrics.compute(), sync_dist=True)
+        self.log_dict(self.test_metrics.compute())  # synced by torchmetrics
         self.per_class_accuracy = self.test_per_class.compute().cpu()
         self.confusion_matrix = self.test_confusion.compute().cpu()
         self.test_metrics.reset()

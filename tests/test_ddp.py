@@ -147,3 +147,20 @@ def test_amp_plan_trains_in_bf16_and_tracks_fp32():
         step_fp32, step_amp = (a - start[name]).flatten(), (b - start[name]).flatten()
         cosine = torch.nn.functional.cosine_similarity(step_fp32, step_amp, dim=0)
         assert cosine > 0.9, f"{name}: bf16 updates point elsewhere than fp32's (cosine {cosine:.3f})"
+
+
+@pytest.mark.timeout(180)
+def test_the_progress_bar_on_rank_zero_does_not_deadlock_the_epoch_end_metrics():
+    # The rich bar reads the logged metrics on rank 0 alone; a value logged with sync_dist would be all-reduced there
+    # while rank 1 waits in torchmetrics' sync: the README's two-process fit hung at its first epoch end.
+    from hslite.parallel.timing import TrainThroughput
+
+    torch.manual_seed(0)
+    task = HSIClassifier(get_model("cnn1d", in_bands=32, num_classes=4, patch_size=3), num_classes=4, warmup_epochs=0)
+    kwargs = trainer_kwargs(Plan(devices=2, batch_size=16), progress=True)
+    trainer = pl.Trainer(
+        **{**kwargs, "callbacks": [TrainThroughput(), *kwargs["callbacks"]]},
+        max_epochs=2, limit_val_batches=0, logger=False, enable_checkpointing=False, use_distributed_sampler=False,
+    )  # fmt: skip
+    trainer.fit(task, datamodule=FixedData(16))
+    assert trainer.callback_metrics["perf/epochs"].item() == 2

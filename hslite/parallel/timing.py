@@ -7,6 +7,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import numpy as np
+import torch
 
 
 class TrainThroughput(pl.Callback):
@@ -41,14 +42,13 @@ class TrainThroughput(pl.Callback):
             self.batch_seconds.append(time.perf_counter() - self._start)
         # Skip the first batch of the run (lazy initialisation, DDP's first single bucket) in the median.
         steady = self.batch_seconds[1:] or self.batch_seconds
-        module.log_dict(
-            {
-                "perf/median_batch_seconds": float(np.median(steady)),
-                "perf/train_batch_seconds": float(sum(self.batch_seconds)),
-                "perf/train_samples": float(self.samples),
-                "perf/epochs": float(trainer.current_epoch + 1),
-                "perf/optimizer_steps": float(trainer.global_step),
-            },
-            sync_dist=True,
-            reduce_fx="max",  # the slowest rank sets the pace of a synchronous step
+        names = ("median_batch_seconds", "train_batch_seconds", "train_samples", "epochs", "optimizer_steps")
+        values = torch.tensor(
+            [np.median(steady), sum(self.batch_seconds), self.samples, trainer.current_epoch + 1, trainer.global_step],
+            dtype=torch.float64,
         )
+        # The slowest rank sets the pace of a synchronous step. Reduced here, on every rank in the same order: logged
+        # with sync_dist, the max would be taken lazily, by whoever reads the metrics first, and the progress bar reads
+        # them on rank 0 alone, which then waits in an all-reduce the other ranks never join.
+        values = trainer.strategy.reduce(values, reduce_op="max")
+        module.log_dict({f"perf/{name}": float(value) for name, value in zip(names, values, strict=True)})
