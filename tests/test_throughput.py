@@ -19,7 +19,9 @@ def test_batch_time_includes_the_fetch_before_the_next_batch_and_not_the_gap_acr
     timer = TrainThroughput()
     batch = (torch.zeros(4, 3), torch.zeros(4))
     for epoch, batches in ((0, 3), (1, 2)):
-        trainer = SimpleNamespace(world_size=2, current_epoch=epoch, global_step=0)
+        # One rank's view; the max over ranks is the strategy's all-reduce (two real ranks: tests/test_ddp.py).
+        strategy = SimpleNamespace(reduce=lambda values, reduce_op: values)
+        trainer = SimpleNamespace(world_size=2, current_epoch=epoch, global_step=0, strategy=strategy)
         timer.on_train_epoch_start(trainer, module)
         for i in range(batches):
             timer.on_train_batch_start(trainer, module, batch, i)
