@@ -88,7 +88,7 @@ def fit(cfg: Config) -> RunResult:
     the run folder exists. The folder is `<stamp>.incomplete` while the run lasts, `<stamp>` once complete, and
     `<stamp>.failed` (with error.txt, logs and checkpoints) when anything, Ctrl-C or SIGTERM included, stops it.
     """
-    plan = check_visible(plan_from_config(cfg).check_applied())
+    plan = check_visible(plan_from_config(cfg))
     quiet_lightning()
     pl.seed_everything(cfg.train.seed, workers=True, verbose=False)
     datamodule = prepared_datamodule(cfg)

@@ -48,7 +48,7 @@ class PreflightUndecided(HSLiteError):
 
 def check_recipe(cfg: Config) -> Verdict:
     """The pre-flight of a recipe on its own: plan and data validated first, then `preflight_check`."""
-    plan = plan_from_config(cfg).check_applied()
+    plan = plan_from_config(cfg)
     quiet_lightning()
     datamodule = prepared_datamodule(cfg)
     build_task(cfg, datamodule)  # refuses band groups the plan cannot split or rotate, before any probe

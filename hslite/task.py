@@ -74,6 +74,17 @@ class HSIClassifier(pl.LightningModule):
         self.test_per_class = MulticlassAccuracy(c, average="none", ignore_index=IGNORE_INDEX)
         self.test_confusion = MulticlassConfusionMatrix(c, ignore_index=IGNORE_INDEX)
 
+    def configure_model(self) -> None:
+        """Shard the model when the strategy is FSDP (`parallel.fsdp`); every other strategy keeps it whole.
+
+        Lightning calls this on each rank after the process group exists and before the optimiser is made, so AdamW
+        holds only this rank's shards.
+        """
+        from hslite.parallel.fsdp import ShardedStrategy
+
+        if self._trainer is not None and isinstance(self.trainer.strategy, ShardedStrategy):
+            self.trainer.strategy.shard(self.model)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits for a batch of patches (n, B, p, p); under channel groups for this rank's samples (own_targets)."""
         if self.channel_groups is not None:

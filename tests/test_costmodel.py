@@ -104,6 +104,10 @@ def test_memory_accounting_sums_terms_and_scales_activations_with_batch():
     assert not cm.predict(gpu_plan(1), probe, LinkModel.no_cost(), 50_000_000).fits_memory
     fsdp = cm.predict(gpu_plan(4, fsdp=True), probe, LinkModel(0, 40 * GB), 80 * 2**30).memory_breakdown_bytes
     assert fsdp["params"] + fsdp["grads"] + fsdp["optimizer"] == 4 * GRAD_BYTES // 4
+    assert fsdp["gathered"] == 0.75 * GRAD_BYTES  # no wrapping policy known: every parameter counted whole
+    units = replace(probe, fsdp_gathered_bytes=GRAD_BYTES // 10)  # the root and the two largest units
+    fsdp = cm.predict(gpu_plan(4, fsdp=True), units, LinkModel(0, 40 * GB), 80 * 2**30).memory_breakdown_bytes
+    assert fsdp["gathered"] == 0.75 * GRAD_BYTES // 10  # beside the rank's own quarter, counted in params
 
 
 def test_cpu_ranks_share_host_memory_and_cores():
@@ -167,6 +171,8 @@ def test_fsdp_moves_three_param_volumes_per_step():
     link = LinkModel(0.0, 40 * GB)
     pred = cm.predict(gpu_plan(4, fsdp=True), make_probe(), link, 80 * 2**30)
     assert pred.comm_seconds == pytest.approx(3 * 0.75 * GRAD_BYTES / (40 * GB))
+    accumulated = cm.predict(gpu_plan(4, fsdp=True, accumulate=2), make_probe(), link, 80 * 2**30)
+    assert accumulated.comm_seconds == pytest.approx(2 * pred.comm_seconds)  # gathers and reduce-scatters each time
 
 
 def test_channel_groups_split_tokenizer_and_add_token_traffic():

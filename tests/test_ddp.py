@@ -20,22 +20,27 @@ pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
 SAMPLES = 96  # divisible by every global batch below, so DistributedSampler pads nothing
 
 
+def fixed_dataset() -> PatchDataset:
+    """The first SAMPLES labelled pixels of synthetic_tiny as 3×3 patches."""
+    from hslite.datasets.patches import PatchGatherer
+    from hslite.datasets.preprocess import pad_reflect
+
+    scene = load_scene("synthetic_tiny", seed=0)
+    coords = torch.nonzero(torch.as_tensor(scene.gt) > 0)[:SAMPLES]
+    labels = torch.as_tensor(scene.gt)[coords[:, 0], coords[:, 1]] - 1
+    gatherer = PatchGatherer(pad_reflect(scene.cube / scene.cube.max(), 3), 3)
+    return PatchDataset(gatherer, coords.numpy(), labels.numpy())
+
+
 class FixedData(pl.LightningDataModule):
-    """The first SAMPLES labelled pixels of synthetic_tiny, in a fixed order (no shuffle)."""
+    """`fixed_dataset` in a fixed order (no shuffle)."""
 
     def __init__(self, batch_size: int):
         super().__init__()
         self.batch_size = batch_size
 
     def train_dataloader(self):
-        from hslite.datasets.patches import PatchGatherer
-        from hslite.datasets.preprocess import pad_reflect
-
-        scene = load_scene("synthetic_tiny", seed=0)
-        coords = torch.nonzero(torch.as_tensor(scene.gt) > 0)[:SAMPLES]
-        labels = torch.as_tensor(scene.gt)[coords[:, 0], coords[:, 1]] - 1
-        gatherer = PatchGatherer(pad_reflect(scene.cube / scene.cube.max(), 3), 3)
-        dataset = PatchDataset(gatherer, coords.numpy(), labels.numpy())
+        dataset = fixed_dataset()
         # Lightning's own DistributedSampler always shuffles training data; a fixed order needs our own sampler,
         # sharded as the strategy says (channel-group ranks share a shard).
         sampler = None

@@ -79,7 +79,10 @@ def test_unknown_topology_is_a_usage_error(capsys):
 @pytest.mark.parametrize(
     ("overrides", "words"),
     [
-        (["parallel.devices=2", "parallel.fsdp=true"], "FSDP sharding (parallel.fsdp=true) is not available yet"),
+        (
+            ["parallel.devices=2", "parallel.chag=2", "model.name=channel_vit", "parallel.fsdp=true"],
+            "fsdp cannot be combined with chag or rotation_groups",
+        ),
         (["parallel.devices=2", "parallel.chag=2"], "CNN1D has none: use model.name=channel_vit, or parallel.chag=1"),
         (
             ["parallel.devices=3", "parallel.chag=3", "model.name=channel_vit"],

@@ -150,26 +150,14 @@ def _states_dominate(plan: Plan) -> ProbeResult:  # parameters + optimiser state
                            activation_bytes=100_000_000, peak_bytes=3_300_000_000)  # fmt: skip
 
 
-def test_plan_that_does_not_fit_is_no_go_and_fsdp_is_not_proposed_before_it_runs():
+def test_plan_that_does_not_fit_is_no_go_and_fsdp_is_the_alternative():
     requested = Plan(devices=8, accelerator="gpu", batch_size=64)
     verdict = run_preflight(
         requested, _states_dominate, topology=load_topology("nvlink_8"), device_memory_bytes=2 * GIB
     )
     assert not verdict.go
     assert "per device but only 2.00 GiB" in verdict.reasons[0] and "FSDP" in verdict.reasons[0]
-    assert not any(plan.fsdp for plan in verdict.predictions)  # priced only once `fit` can run it
-    assert verdict.best_passing is None and any("no candidate plan passes" in r for r in verdict.reasons)
     assert any("no single-device plan fits" in r for r in verdict.reasons)
-
-
-def test_fsdp_is_the_alternative_once_it_is_applied(monkeypatch):
-    from hslite.parallel import plan as plan_module
-
-    monkeypatch.setattr(plan_module, "NOT_YET_APPLIED", {})
-    requested = Plan(devices=8, accelerator="gpu", batch_size=64)
-    verdict = run_preflight(
-        requested, _states_dominate, topology=load_topology("nvlink_8"), device_memory_bytes=2 * GIB
-    )
     assert verdict.best_passing is not None and verdict.best_passing.fsdp
     assert verdict.predictions[verdict.best_passing].fits_memory
 
@@ -189,21 +177,17 @@ def test_fast_link_multi_device_plan_is_go():
     assert verdict.go and verdict.efficiency >= 0.5 and "≥ 0.5" in verdict.reasons[0]
 
 
-def test_candidates_leave_out_what_training_cannot_run_yet():
+def test_candidates_propose_channel_groups_only_for_band_group_models():
     requested = Plan(devices=4, accelerator="gpu", batch_size=64)
-    plans = candidate_plans(requested, 4, chag_supported=True, include_fsdp=True)
-    assert plans and not any(plan.unapplied for plan in plans)
-    assert not any(p.fsdp or p.rotation_enabled for p in plans)
+    plans = candidate_plans(requested, 4, chag_supported=True)
+    assert plans and not any(p.fsdp or p.rotation_enabled for p in plans)  # FSDP only when asked or forced
     assert any(p.chag_enabled for p in plans)  # channel groups train, so they are proposed for band-group models
     assert not any(p.chag_enabled for p in candidate_plans(requested, 4, chag_supported=False))
     single = candidate_plans(requested.with_(devices=1, accumulate=4), 1, amp=False)
     assert {p.precision for p in single} == {"32-true"} and all(p.world_size == 1 for p in single)
 
 
-def test_candidates_cover_single_amp_accumulation_dp_compression_fsdp_and_chag(monkeypatch):
-    from hslite.parallel import plan as plan_module
-
-    monkeypatch.setattr(plan_module, "NOT_YET_APPLIED", {})  # as they will be once channel groups and FSDP run
+def test_candidates_cover_single_amp_accumulation_dp_compression_fsdp_and_chag():
     requested = Plan(devices=4, accelerator="gpu", batch_size=64)
     plans = candidate_plans(requested, 4, chag_supported=True, include_fsdp=True)
     assert requested in plans and len(plans) == len(set(plans))
@@ -229,7 +213,7 @@ def test_decide_needs_the_requested_prediction():
         decide(requested, {requested: predict(requested, replace(synthetic_probe(requested)), LinkModel(0, 1e9), GIB)})
 
 
-def test_two_nodes_on_a_slow_network_lose_to_one_nvlink_node(monkeypatch):
+def test_two_nodes_on_a_slow_network_lose_to_one_nvlink_node():
     requested = Plan(devices=8, num_nodes=2, accelerator="gpu", batch_size=64)
     topology = load_topology("nvlink_8_100gbe_2nodes")
     verdict = run_preflight(requested, synthetic_probe, topology=topology)
@@ -238,10 +222,7 @@ def test_two_nodes_on_a_slow_network_lose_to_one_nvlink_node(monkeypatch):
     assert verdict.predictions[one_node].ecd / verdict.predictions[verdict.best_single].ecd >= 0.5
     best = verdict.best_passing  # compressing the gradients is what makes the slow network pay
     assert best is not None and (best.num_nodes == 1 or best.compression in ("int8", "bf16"))
-    from hslite.parallel import plan as plan_module
-
-    monkeypatch.setattr(plan_module, "NOT_YET_APPLIED", {})  # the mapping rule for FSDP, once it runs
-    fsdp = [
+    fsdp = [  # the mapping rule: per-layer traffic stays inside a node
         p for p in candidate_plans(requested, 8, include_fsdp=True, bandwidth_ratio=topology.bandwidth_ratio) if p.fsdp
     ]
     assert fsdp and all(p.num_nodes == 1 for p in fsdp)  # per-layer traffic is kept off the 34× slower link

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass, replace
+from datetime import timedelta
 from typing import Any
 
 from hslite.errors import ConfigError
@@ -16,12 +17,6 @@ from hslite.errors import ConfigError
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
 COMPRESSIONS = ("none", "int8", "bf16", "fp16")
 CPU_PROCESSES_PER_CORE = 2  # gloo ranks a fit may start per core: enough to measure sharing, not to thrash
-# Plan fields the pre-flight can price but `trainer_kwargs` does not apply yet. A plan that sets one is refused
-# before anything runs and is never proposed, so what is priced is always what runs. An entry goes when the
-# feature is built (FSDP: parallel/fsdp.py).
-NOT_YET_APPLIED = {
-    "fsdp": "FSDP sharding (parallel.fsdp=true)",
-}
 
 
 @dataclass(frozen=True)
@@ -98,24 +93,13 @@ class Plan:
             )
         if not problems and self.compression_enabled and self.fsdp:
             problems.append("compression and fsdp cannot be combined: FSDP reduce-scatters gradients itself")
+        if not problems and self.fsdp and (self.chag_enabled or self.rotation_enabled):
+            problems.append(
+                "fsdp cannot be combined with chag or rotation_groups: their band groups' parameters go unused on "
+                "some ranks or steps, which FSDP's per-unit reduce-scatter does not allow for; choose one"
+            )
         if problems:
             raise ConfigError("invalid parallel plan: " + "; ".join(problems) + ".")
-        return self
-
-    @property
-    def unapplied(self) -> list[str]:
-        """The features this plan asks for that training cannot run yet (see NOT_YET_APPLIED)."""
-        asked = {"chag": self.chag_enabled, "rotation_groups": self.rotation_enabled, "fsdp": self.fsdp}
-        return [NOT_YET_APPLIED[name] for name, on in asked.items() if on and name in NOT_YET_APPLIED]
-
-    def check_applied(self) -> Plan:
-        """Raise ConfigError when the plan asks for a feature that training cannot run yet; return self otherwise."""
-        if self.unapplied:
-            raise ConfigError(
-                f"{' and '.join(self.unapplied)} {'is' if len(self.unapplied) == 1 else 'are'} not available yet: "
-                "hslite can price it in the pre-flight model but does not run it, and it never trains a plan other "
-                "than the one it priced. Leave the option at its default to train with data parallelism."
-            )
         return self
 
     def single_device(self) -> Plan:
@@ -127,7 +111,7 @@ class Plan:
         return (
             f"parallel.devices={self.devices} data.batch_size={self.batch_size} parallel.accumulate={self.accumulate} "
             f"parallel.precision={self.precision} parallel.compression={self.compression} parallel.chag={self.chag} "
-            f"parallel.rotation_groups={self.rotation_groups}"
+            f"parallel.rotation_groups={self.rotation_groups} parallel.fsdp={str(self.fsdp).lower()}"
         )
 
     def describe(self) -> str:
@@ -219,7 +203,9 @@ def trainer_kwargs(plan: Plan, progress: bool = True) -> dict[str, Any]:
         "enable_model_summary": False,
         "strategy": "auto",
     }
-    if plan.world_size > 1:
+    if plan.world_size > 1 and plan.fsdp:
+        kwargs["strategy"] = _sharded_strategy(plan)
+    elif plan.world_size > 1:
         kwargs["strategy"] = _ddp_strategy(plan)
         if plan.compression_enabled:
             from hslite.parallel.compression_guard import CompressionGuard
@@ -233,15 +219,26 @@ def trainer_kwargs(plan: Plan, progress: bool = True) -> dict[str, Any]:
     return kwargs
 
 
-def _ddp_strategy(plan: Plan) -> Any:
-    from datetime import timedelta
+PROCESS_GROUP_TIMEOUT = timedelta(minutes=5)  # a rank that died should fail the run in minutes, not torch's 30
 
+
+def _backend(plan: Plan) -> str:
+    return "gloo" if plan.accelerator == "cpu" else "nccl"
+
+
+def _sharded_strategy(plan: Plan) -> Any:
+    from hslite.parallel.fsdp import ShardedStrategy
+
+    return ShardedStrategy(plan.world_size, plan.precision, _backend(plan), PROCESS_GROUP_TIMEOUT)
+
+
+def _ddp_strategy(plan: Plan) -> Any:
     from lightning.pytorch.strategies import DDPStrategy
 
     options: dict[str, Any] = {
         "start_method": "spawn",
-        "process_group_backend": "gloo" if plan.accelerator == "cpu" else "nccl",
-        "timeout": timedelta(minutes=5),  # a rank that died should fail the run in minutes, not torch's 30
+        "process_group_backend": _backend(plan),
+        "timeout": PROCESS_GROUP_TIMEOUT,
     }
     if plan.rotation_enabled or plan.chag_enabled:
         # A band group's own parameters go unused in a step that leaves it out, or on a rank that does not own it.

@@ -47,8 +47,7 @@ def candidate_plans(
     One device with accumulation, and with AMP too when `amp`; the requested layout; DP at 2..max_devices devices
     per node; int8/bf16 compression; batch/accumulation trades; FSDP when `include_fsdp`; channel groups inside a
     node when `chag_supported`. Per-layer communication (FSDP) crosses nodes only while `bandwidth_ratio` is below
-    PER_LAYER_CROSS_NODE_MAX_RATIO (DESIGN §3 mapping). Layouts that training cannot run yet (`Plan.unapplied`)
-    are never proposed: what the pre-flight names is what `hslite fit` runs.
+    PER_LAYER_CROSS_NODE_MAX_RATIO (DESIGN §3 mapping).
     """
     requested.validate()
     micro_batches = requested.dp * requested.accumulate  # micro-batches of `batch_size` per optimiser step
@@ -79,6 +78,5 @@ def candidate_plans(
                     if devices % c == 0
                 ]
             for layout in layouts:
-                if not layout.unapplied:
-                    plans += _same_global_batch(layout)
+                plans += _same_global_batch(layout)
     return list(dict.fromkeys(plans))

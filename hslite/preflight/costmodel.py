@@ -63,13 +63,17 @@ def memory_breakdown_bytes(plan: Plan, probe: Footprint) -> dict[str, int]:
     shards = plan.dp if plan.fsdp else 1
     activation_factor = _tokenizer_factor(plan, probe, probe.tokenizer_activation_fraction, plan.chag, worst=True)
     counted = probe.param_bytes + probe.grad_bytes + probe.optimizer_bytes + probe.activation_bytes
-    return {
+    breakdown = {
         "params": math.ceil(probe.param_bytes / shards),
         "grads": math.ceil(probe.grad_bytes / shards),
         "optimizer": math.ceil(probe.optimizer_bytes / shards),
         "activations": math.ceil(probe.activation_bytes * plan.batch_size / probe.batch_size * activation_factor),
         "workspace": max(0, probe.peak_bytes - counted),  # allocator and kernel scratch seen at the probe's peak
     }
+    if shards > 1:  # the units whole at once beside the shard: the root's own and two units (fsdp_policy)
+        gathered = probe.fsdp_gathered_bytes if probe.fsdp_gathered_bytes is not None else probe.param_bytes
+        breakdown["gathered"] = math.ceil(gathered * (1 - 1 / shards))  # the rank's own shard is counted above
+    return breakdown
 
 
 def _tokenizer_factor(plan: Plan, probe: Footprint, fraction: float | None, chag: int, worst: bool = False) -> float:
@@ -212,12 +216,11 @@ def comm_seconds(
     """Communication per optimiser step not hidden under `backward_seconds` (0 gives the no-overlap bound)."""
     exposed_seconds = 0.0
     if plan.dp > 1 and plan.fsdp:  # all-gather params in forward and backward, reduce-scatter grads (§3)
-        exposed_seconds = (
-            plan.accumulate * 2 * allgather_seconds(sizes.param_bytes, plan.dp, link, ring_factor_exact=exact)
-        )
-        exposed_seconds += reduce_scatter_seconds(sizes.grad_bytes, plan.dp, link, ring_factor_exact=exact)
-        exposed_seconds = max(0.0, exposed_seconds - link.overlap * backward_seconds)
-        notes.append("FSDP: the transiently gathered parameters of one wrapped unit are not counted in memory")
+        # Every micro-step: FSDP2 frees the gathered units after use and reduce-scatters each backward's gradients
+        # (Lightning does not skip the gradient sync of FSDP2 between accumulated micro-batches).
+        per_micro_step = 2 * allgather_seconds(sizes.param_bytes, plan.dp, link, ring_factor_exact=exact)
+        per_micro_step += reduce_scatter_seconds(sizes.grad_bytes, plan.dp, link, ring_factor_exact=exact)
+        exposed_seconds = max(0.0, plan.accumulate * per_micro_step - link.overlap * backward_seconds)
     elif plan.world_size > 1:  # DDP spans every rank: channel-group ranks hold shares of one gradient
         seconds = allreduce_seconds(
             wire_bytes(sizes.grad_bytes, plan.compression), plan.world_size, link, ring_factor_exact=exact

@@ -32,6 +32,7 @@ class Footprint:
     tokenizer_activation_fraction: float | None = None  # share of activation bytes saved inside the tokenizer
     group_token_bytes_per_sample: int | None = None  # tokenizer output (G × D elements) per sample
     band_group_sizes: list[int] | None = None  # bands in each of the G groups (channel groups, rotation)
+    fsdp_gathered_bytes: int | None = None  # parameter bytes whole at once under FSDP (fsdp_policy); None: no policy
 
     @property
     def band_groups(self) -> int | None:
@@ -100,3 +101,35 @@ class LinkModel:
             str(data.get("source", "")),
             [(int(s), float(t)) for s, t in data.get("points", [])],
         )
+
+
+@dataclass(kw_only=True)
+class StepCounts:
+    """The work of one training step of a model, counted on this CPU: FLOPs, kernel launches, input bytes.
+
+    For devices that are not here, whose compute is priced from a profile (`step_counts.count_step`, `roofline.py`).
+    FLOPs are c0 + c1·b per phase, fitted on two counted batches; kernels do not depend on the batch.
+    """
+
+    precision: str
+    forward_flops_per_sample: float  # forward + loss
+    forward_flops_fixed: float  # per step whatever the batch; 0 for models whose work is all per sample
+    backward_flops_per_sample: float
+    backward_flops_fixed: float
+    forward_kernels: int  # aten ops that launch a kernel, forward + loss
+    backward_kernels: int
+    optimizer_kernels: int  # AdamW (foreach, its CUDA default) step + zero_grad
+    input_bytes_per_sample: int  # what one sample of the batch copies from host to device
+    tokenizer_flops_fraction: float | None = None  # share of forward FLOPs in the tokenizer modules, when named
+
+    def forward_flops(self, batch_size: int) -> float:
+        """Forward + loss FLOPs at `batch_size`."""
+        return self.forward_flops_fixed + self.forward_flops_per_sample * batch_size
+
+    def backward_flops(self, batch_size: int) -> float:
+        """Backward FLOPs at `batch_size`."""
+        return self.backward_flops_fixed + self.backward_flops_per_sample * batch_size
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict for JSON and the cache."""
+        return asdict(self)

@@ -24,6 +24,7 @@ from hslite.preflight.formulas import fit_compute_model
 from hslite.preflight.measurements import Footprint, ProbeResult
 from hslite.preflight.timers import autocast, intervals_seconds, mark, wall_seconds
 
+PROBE_FIELDS_VERSION = 2  # bump when ProbeResult gains a measured field, so cached probes are re-measured
 COMPRESSION_PROBE_MAX_ELEMENTS = 1 << 24  # 64 MB of fp32 is enough to reach the per-byte rate; bigger only costs time
 
 
@@ -94,6 +95,7 @@ def probe_model(
         "band_group_sizes": band_group_sizes,
         "concurrent_ranks": concurrent_ranks if dev.type == "cpu" else 1,
         "torch": torch.__version__,
+        "fields": PROBE_FIELDS_VERSION,
     }
     try:
         cached = None if cache_key is None or fresh else read_cache("probe", key)
@@ -331,7 +333,17 @@ def _sizes(
             t for state in optimizer.state.values() for t in state.values() if torch.is_tensor(t)
         ),
         "activation_bytes": counter.total_bytes,
+        "fsdp_gathered_bytes": _fsdp_gathered_bytes(model),
     }
+
+
+def _fsdp_gathered_bytes(model: nn.Module) -> int | None:
+    from hslite.parallel.fsdp_policy import gathered_param_bytes
+
+    try:
+        return gathered_param_bytes(model)
+    except TypeError:  # no wrapping policy for this module: FSDP cannot shard it
+        return None
 
 
 def _unique_bytes(tensors: Iterator[Tensor]) -> int:

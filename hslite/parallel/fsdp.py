@@ -1,0 +1,64 @@
+"""FSDP2 (`fully_shard`) through Lightning's ModelParallelStrategy, on CPU (gloo) and GPU (NCCL) alike.
+
+Lightning's `FSDPStrategy` refuses CPU, and `ModelParallelStrategy` launches by re-running the script (a library call
+such as `fit` cannot work that way, and inside pytest it relaunches pytest). `ShardedStrategy` is
+ModelParallelStrategy with every rank data-parallel (`data_parallel_size` = world size: its single-node default would
+make every device tensor-parallel and shard no data), launched by spawning like hslite's DDP, and with full-state
+checkpoints: one file that loads back on any world size, and on one device for test, map and predict. What is
+sharded, unit by unit, is `fsdp_policy`'s choice.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from lightning.pytorch.strategies import ModelParallelStrategy
+from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher, _WorkerOutput
+from lightning.pytorch.trainer.states import TrainerFn
+from torch import nn
+
+from hslite.parallel.fsdp_policy import shard_model
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+
+class ShardedStrategy(ModelParallelStrategy):
+    """FSDP2 over every rank, spawned, with full-state checkpoints; `HSIClassifier.configure_model` shards with it."""
+
+    def __init__(self, world_size: int, precision: str, backend: str, timeout: timedelta) -> None:
+        super().__init__(
+            data_parallel_size=world_size,
+            tensor_parallel_size=1,
+            save_distributed_checkpoint=False,
+            process_group_backend=backend,
+            timeout=timeout,
+        )
+        self.compute_precision = precision
+
+    def shard(self, model: nn.Module) -> None:
+        """Shard `model` over the data-parallel mesh (the LightningModule's configure_model calls this)."""
+        shard_model(model, self.device_mesh["data_parallel"], self.compute_precision)
+
+    def _configure_launcher(self) -> None:
+        self._launcher = _FullStateLauncher(self, start_method="spawn")
+
+
+class _FullStateLauncher(_MultiProcessingLauncher):
+    """Spawn launcher that hands the trained weights back whole: rank 0's own state dict holds only its shards."""
+
+    def _collect_rank_zero_results(self, trainer: pl.Trainer, results: Any) -> _WorkerOutput | None:
+        # Lightning's own version saves `lightning_module.state_dict()`, whose DTensors are this rank's shards only.
+        state = trainer.strategy.lightning_module_state_dict()  # a collective: full on rank 0, empty elsewhere
+        if self._strategy.local_rank != 0:
+            return None
+        weights_path = None
+        if trainer.state.fn == TrainerFn.FITTING:
+            weights_path = os.path.join(tempfile.mkdtemp(), ".temp.ckpt")
+            trainer.strategy.checkpoint_io.save_checkpoint(state, weights_path)
+        checkpoint = trainer.checkpoint_callback
+        best = getattr(checkpoint, "best_model_path", None) if checkpoint else None
+        return _WorkerOutput(best, weights_path, trainer.state, results, self.get_extra_results(trainer))

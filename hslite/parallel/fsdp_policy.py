@@ -1,0 +1,71 @@
+"""The FSDP wrapping policy per architecture, and `fully_shard` applied by it (torch only; no Lightning here).
+
+Each named submodule becomes one FSDP unit and the root holds the rest. A unit's parameters are all-gathered just
+before it runs and freed after, so the largest units bound the transient memory the pre-flight adds to a rank's 1/N
+shard (`gathered_param_bytes`), which the probe counts without starting any process group.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from hslite.models.channel_vit import ChannelViT
+from hslite.models.cnn1d import CNN1D
+from hslite.models.cnn3d import CNN3D
+from hslite.models.hybridsn import HybridSN
+from hslite.models.spectralformer import SpectralFormer
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+# Submodules that become FSDP units, per architecture; a ModuleList stands for each of its items. Chosen so each unit
+# carries a real share of the parameters (its all-gather is not all latency) and tiny layers stay with the root.
+UNITS: dict[type[nn.Module], tuple[str, ...]] = {
+    CNN1D: ("fc_hidden",),  # 97 % of the parameters
+    CNN3D: ("conv2", "fc"),  # the widest convolution and the classifier (92 %)
+    HybridSN: ("conv3d", "conv2d", "fc"),  # fc[0] alone is 90 % of HybridSN
+    SpectralFormer: ("layers", "skipcat"),
+    ChannelViT: ("partial_aggregation", "final_aggregation", "encoder"),
+}
+PREFETCHED_UNITS = 2  # FSDP2 gathers the next unit while one runs: two units are whole at once
+
+
+def units(model: nn.Module) -> list[nn.Module]:
+    """The modules `shard_model` wraps one by one, in order, for a registered architecture."""
+    names = UNITS.get(type(model))
+    if names is None:
+        known = ", ".join(cls.__name__ for cls in UNITS)
+        raise TypeError(f"no FSDP wrapping policy for {type(model).__name__}; policies exist for {known}")
+    out: list[nn.Module] = []
+    for name in names:
+        child = getattr(model, name)
+        out += list(child) if isinstance(child, nn.ModuleList) else [child]
+    return out
+
+
+def gathered_param_bytes(model: nn.Module) -> int:
+    """Parameter bytes whole at once on a rank under FSDP: the root's own plus the two largest units, unsharded."""
+    unit_bytes = sorted((_param_bytes(unit) for unit in units(model)), reverse=True)
+    root_bytes = _param_bytes(model) - sum(unit_bytes)
+    return root_bytes + sum(unit_bytes[:PREFETCHED_UNITS])
+
+
+def _param_bytes(module: nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def shard_model(model: nn.Module, mesh: DeviceMesh, precision: str) -> None:
+    """Apply `fully_shard` to each unit of `model`, then to `model` itself; bf16 compute under bf16-mixed."""
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+    if isinstance(model, FSDPModule):  # Lightning calls configure_model again on a second fit/test in the ranks
+        return
+    policy = MixedPrecisionPolicy()
+    if precision == "bf16-mixed":  # gathers and computes in bf16, reduces gradients and keeps the shards in fp32
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for unit in units(model):
+        fully_shard(unit, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
