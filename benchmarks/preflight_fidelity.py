@@ -66,6 +66,7 @@ class Case:
     precision: str = "32-true"
     chag: int = 1  # channel groups: ranks that split one batch's band groups
     rotation: int = 0  # band groups active per step under channel-subset rotation
+    fsdp: bool = False  # parameters, gradients and optimiser state sharded over the ranks
     patch_size: int = 1  # both models read the centre spectrum, so no neighbours are gathered
 
     def overrides(self) -> list[str]:
@@ -80,6 +81,7 @@ class Case:
             f"parallel.precision={self.precision}",
             f"parallel.chag={self.chag}",
             f"parallel.rotation_groups={self.rotation}",
+            f"parallel.fsdp={str(self.fsdp).lower()}",
             f"train.limit_train_batches={TRAIN_MICRO_BATCHES * max(1, self.accumulate // 2)}",  # ≥ 6 optimiser steps
         ]
 
@@ -96,10 +98,12 @@ FULL = [
     Case("cnn1d", "small", 2, 32, precision="bf16-mixed"),
     Case("cnn1d", "small", 2, 32, accumulate=4),
     Case("cnn1d", "small", 4, 16),
+    Case("cnn1d", "small", 2, 32, fsdp=True),
     # channel ViT small, 215k parameters
     Case("channel_vit", "small", 1, 64),
     Case("channel_vit", "small", 2, 32),
     Case("channel_vit", "small", 4, 16, accumulate=4),
+    Case("channel_vit", "small", 2, 32, fsdp=True),
     # channel groups and rotation of the small channel ViT's 4 band groups
     Case("channel_vit", "small", 2, 32, chag=2),
     Case("channel_vit", "small", 4, 16, chag=2),
@@ -110,6 +114,7 @@ FULL = [
     Case("channel_vit", "large", 2, 16),
     Case("channel_vit", "large", 2, 16, accumulate=4),
     Case("channel_vit", "large", 4, 8),
+    Case("channel_vit", "large", 2, 16, fsdp=True),
 ]
 
 
@@ -167,6 +172,7 @@ def _plan_overrides(plan: Plan) -> list[str]:
         f"parallel.compression={plan.compression}",
         f"parallel.chag={plan.chag}",
         f"parallel.rotation_groups={plan.rotation_groups}",
+        f"parallel.fsdp={str(plan.fsdp).lower()}",
         f"train.limit_train_batches={TRAIN_MICRO_BATCHES * max(1, plan.accumulate // 2)}",
     ]
 
@@ -281,8 +287,8 @@ def main() -> int:
         failed = []
         for case in cases:
             print(f"[{time.perf_counter() - started:5.0f} s] {case.model}-{case.size} {case.devices} proc "
-                  f"b{case.batch_size} acc{case.accumulate} {case.precision} chag{case.chag} rot{case.rotation}",
-                  flush=True)  # fmt: skip
+                  f"b{case.batch_size} acc{case.accumulate} {case.precision} chag{case.chag} rot{case.rotation}"
+                  f"{' fsdp' if case.fsdp else ''}", flush=True)  # fmt: skip
             try:
                 rows += bench.run(case)
             except Exception as err:  # one broken plan should not hide the others' figures
