@@ -165,6 +165,8 @@ def _train_and_evaluate(
         "plan": plan.to_dict(),
         "plan_that_ran": _plan_that_ran(plan, trainer),
         "split_counts": datamodule.split.counts(datamodule.scene.gt),
+        "split_protocol": datamodule.split.protocol,
+        "leakage_audit": datamodule.leakage_audit(),
         "best_checkpoint": str(best.relative_to(work_dir.resolve())) if best else None,
     }
     confusion = task.confusion_matrix.numpy()

@@ -58,6 +58,16 @@ def test_band_removal_pca_and_split_file(tmp_path):
     assert reused.split.kind == "count" and len(reused.split.train) == 24
 
 
+def test_a_disjoint_split_reused_with_a_patch_that_overlaps_is_refused(tmp_path):
+    drawn = _module(split="disjoint", patch_size=3, train_fraction=0.3)
+    drawn.setup()
+    assert drawn.leakage_audit()["overlapping_test_patches"] == 0
+    drawn.split.save(tmp_path / "split.npz")
+    _module(split_file=str(tmp_path / "split.npz"), patch_size=1).setup()  # a smaller patch stays disjoint
+    with pytest.raises(DataError, match=r"drawn for patch_size=3; at data.patch_size=9 \d+ of its \d+ test patches"):
+        _module(split_file=str(tmp_path / "split.npz"), patch_size=9).setup()
+
+
 def test_errors_are_data_errors(tmp_path):
     with pytest.raises(DataError, match="Unknown scene"):
         HSIDataModule(scene="nowhere")

@@ -9,7 +9,7 @@ from scipy.spatial import cKDTree
 from hslite.datasets.preprocess import BandNormalizer, PCAReducer, check_finite, check_labels, pad_reflect, select_bands
 from hslite.datasets.scene_specs import INDIAN_PINES_CLASS_COUNTS
 from hslite.datasets.scenes import get_scene_spec, load_scene
-from hslite.datasets.splits import Split, make_split
+from hslite.datasets.splits import Split, audit_leakage, make_split
 from hslite.errors import DataError
 
 
@@ -147,16 +147,27 @@ def test_disjoint_split_has_no_overlapping_patches(patch_size):
     assert min(split.counts(scene.gt)["train"].values()) >= 1
 
 
-def test_disjoint_split_needs_blocks():
+def test_disjoint_split_blocks_default_to_four_patches_and_the_audit_finds_no_overlap():
+    scene = load_scene("synthetic_indian_pines", seed=0)
+    split = make_split(scene.gt, "disjoint", train_fraction=0.3, val_fraction=0.1, patch_size=5, seed=0)
+    assert split.options["block_size"] == 20 and split.patch_size == 5
+    audit = audit_leakage(split, scene.gt.shape, 5)
+    assert audit["overlapping_test_patches"] == 0 and audit["min_centre_distance"] > 4  # > 2r, r = 2
+    assert audit_leakage(split, scene.gt.shape, 11)["overlapping_test_patches"] > 0  # a larger patch reaches over
+    random = make_split(scene.gt, "stratified", train_fraction=0.3, val_fraction=0.1, seed=0)
+    audit = audit_leakage(random, scene.gt.shape, 5)
+    assert audit["min_centre_distance"] == 1.0  # a random pixel split puts test pixels next to training pixels
+    assert audit["overlapping_test_patches"] > 0.9 * audit["test_patches"]
     with pytest.raises(DataError, match="block_size"):
-        make_split(np.ones((4, 4), dtype=np.int64), "disjoint", train_fraction=0.5)
+        make_split(np.ones((4, 4), dtype=np.int64), "disjoint", train_fraction=0.5, block_size=-1)
 
 
 def test_split_save_load_round_trip(tmp_path, tiny_scene):
-    split = make_split(tiny_scene.gt, "stratified", train_fraction=0.2, val_fraction=0.2, seed=7)
+    split = make_split(tiny_scene.gt, "stratified", train_fraction=0.2, val_fraction=0.2, patch_size=3, seed=7)
     split.save(tmp_path / "split.npz")
     loaded = Split.load(tmp_path / "split.npz")
-    assert (loaded.kind, loaded.seed) == ("stratified", 7)
+    assert (loaded.kind, loaded.seed, loaded.patch_size) == ("stratified", 7, 3)
+    assert loaded.protocol == split.protocol and loaded.options == {"train_fraction": 0.2, "val_fraction": 0.2}
     for a, b in zip(_as_sets(split), _as_sets(loaded), strict=True):
         assert a == b
     (tmp_path / "bad.npz").write_bytes(b"nope")

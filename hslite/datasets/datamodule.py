@@ -18,7 +18,7 @@ from hslite.datasets.fetch import ensure_file
 from hslite.datasets.patches import PatchDataset, PatchGatherer, collate_patches
 from hslite.datasets.preprocess import BandNormalizer, PCAReducer, check_finite, pad_reflect, select_bands
 from hslite.datasets.scenes import Scene, get_scene_spec, is_synthetic, load_scene, scene_folder
-from hslite.datasets.splits import Split, make_split
+from hslite.datasets.splits import Split, audit_leakage, make_split
 from hslite.errors import DataError
 
 
@@ -150,7 +150,21 @@ class HSIDataModule(lightning.LightningDataModule):
                     f"{self.split_file}: its {name} set has pixels outside the {gt.shape} scene or unlabelled; it was "
                     f"made for another scene than {self.scene_name}."
                 )
+        overlapping = audit_leakage(split, gt.shape, self.patch_size)["overlapping_test_patches"]
+        if split.kind == "disjoint" and overlapping:
+            drawn = "an unrecorded patch size" if split.patch_size is None else f"patch_size={split.patch_size}"
+            raise DataError(
+                f"{self.split_file} is a spatially disjoint split drawn for {drawn}; at data.patch_size="
+                f"{self.patch_size} {overlapping} of its {len(split.test)} test patches overlap a training patch, "
+                "so the test would see training pixels. Drop data.split_file to draw a new split for this patch, "
+                f"or use data.patch_size={split.patch_size or 1}."
+            )
         return split
+
+    def leakage_audit(self) -> dict[str, Any]:
+        """`audit_leakage` of the split in use at this datamodule's patch size (metrics.json records it)."""
+        scene, split = self._ready(self._scene), self._ready(self._split)
+        return audit_leakage(split, scene.gt.shape, self.patch_size)
 
     # ------------------------------------------------------------------------------------------------ loaders
     def _loader(self, name: str, batch_size: int, shuffle: bool) -> DataLoader:

@@ -1,12 +1,16 @@
 """Train/val/test splits of the labelled pixels: stratified, fixed count per class, or spatially disjoint blocks.
 
-A `Split` holds the (row, col) coordinates of each subset and saves to, and loads from, an .npz file.
+A `Split` holds the (row, col) coordinates of each subset, the patch size and the options it was drawn with, and
+saves to, and loads from, an .npz file. `audit_leakage` says how far a split's test patches are from its training
+patches: random pixel splits put most test patches over training pixels, which inflates their accuracy.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -14,36 +18,53 @@ from hslite.datasets.preprocess import patch_radius
 from hslite.errors import DataError
 
 SPLIT_KINDS = ("stratified", "count", "disjoint")
+DEFAULT_BLOCKS_PER_PATCH = 4  # split=disjoint with block_size=0: blocks of 4 × patch_size pixels a side
 
 
 @dataclass
 class Split:
-    """Train/val/test (row, col) coordinates of labelled pixels, as (k, 2) int64 arrays."""
+    """Train/val/test (row, col) coordinates of labelled pixels, as (k, 2) int64 arrays, and how they were drawn.
+
+    `patch_size` is the patch the split was drawn for (None: a file saved before it was recorded); `options` the
+    protocol's parameters (fractions or counts per class, block size).
+    """
 
     kind: str
     seed: int
     train: np.ndarray
     val: np.ndarray
     test: np.ndarray
+    patch_size: int | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def protocol(self) -> dict[str, Any]:
+        """What metrics.json says of the split: kind, seed, patch size, options and the subsets' sizes."""
+        sizes = {name: len(getattr(self, name)) for name in ("train", "val", "test")}
+        return {"kind": self.kind, "seed": self.seed, "patch_size": self.patch_size, **self.options, "pixels": sizes}
 
     def save(self, path: str | Path) -> None:
-        """Save as .npz (kind, seed, train, val, test)."""
+        """Save as .npz (kind, seed, train, val, test, patch size, options as JSON)."""
         np.savez(Path(path), kind=np.array(self.kind), seed=np.array(self.seed), train=self.train, val=self.val,
-                 test=self.test)  # fmt: skip
+                 test=self.test, patch_size=np.array(-1 if self.patch_size is None else self.patch_size),
+                 options=np.array(json.dumps(self.options)))  # fmt: skip
 
     @classmethod
     def load(cls, path: str | Path) -> Split:
-        """Load a split written by `save`."""
+        """Load a split written by `save` (files from before the patch size was recorded load with None)."""
         path = Path(path)
         try:
             with np.load(path, allow_pickle=False) as data:
                 fields = {key: data[key] for key in ("kind", "seed", "train", "val", "test")}
+                patch = int(data["patch_size"]) if "patch_size" in data else -1
+                options = json.loads(str(data["options"])) if "options" in data else {}
         except (OSError, ValueError, KeyError) as err:
             raise DataError(
                 f"{path} is not a split file written by Split.save ({err}); make it with make_split."
             ) from err
         subsets = {key: np.asarray(fields[key], dtype=np.int64).reshape(-1, 2) for key in ("train", "val", "test")}
-        return cls(str(fields["kind"]), int(fields["seed"]), **subsets)
+        return cls(str(fields["kind"]), int(fields["seed"]), **subsets, patch_size=None if patch < 0 else patch,
+                   options=options)  # fmt: skip
 
     def counts(self, gt: np.ndarray) -> dict[str, dict[int, int]]:
         """Pixels per class (1..C, C = gt.max()) in each subset: {"train": {1: n, ...}, "val": ..., "test": ...}."""
@@ -69,9 +90,9 @@ def make_split(
     """Split the labelled pixels of `gt` into train/val/test.
 
     "stratified": per-class fractions (scikit-learn). "count": `train_per_class` and `val_per_class` pixels of each
-    class, the rest test. "disjoint": square blocks of `block_size` pixels go whole to one subset (balanced per class),
-    then val/test pixels closer than 2*(patch_size//2) to a training pixel are dropped, so no training patch overlaps a
-    val/test patch.
+    class, the rest test. "disjoint": square blocks of `block_size` pixels (0: 4 × patch_size) go whole to one subset
+    (balanced per class), then val/test pixels closer than 2*(patch_size//2) to a training pixel are dropped, so no
+    training patch overlaps a val/test patch.
     """
     if kind not in SPLIT_KINDS:
         raise DataError(f"Unknown split {kind!r}; choose one of {', '.join(SPLIT_KINDS)}.")
@@ -80,19 +101,46 @@ def make_split(
     if coords.size == 0:
         raise DataError("The ground truth has no labelled pixels (all 0), so it cannot be split.")
     rng = np.random.default_rng(seed)
+    options: dict[str, Any]
     if kind == "count":
+        options = {"train_per_class": train_per_class, "val_per_class": val_per_class}
         parts = _count_split(labels, train_per_class, val_per_class, rng)
     else:
         _check_fractions(labels, train_fraction, val_fraction)
+        options = {"train_fraction": train_fraction, "val_fraction": val_fraction}
         if kind == "stratified":
             parts = _stratified_split(labels, train_fraction, val_fraction, seed)
         else:
+            block_size = block_size or DEFAULT_BLOCKS_PER_PATCH * patch_size
+            options["block_size"] = block_size
             parts = _block_split(gt.shape, coords, labels, train_fraction, val_fraction, block_size, rng)
     _check_every_class_trains(labels, parts[0], kind)
     train, val, test = (coords[np.sort(p)] for p in parts)
     if kind == "disjoint":
         val, test = (_drop_near(subset, train, gt.shape, patch_size) for subset in (val, test))
-    return Split(kind, int(seed), train, val, test)
+    return Split(kind, int(seed), train, val, test, patch_size=patch_size, options=options)
+
+
+def audit_leakage(split: Split, shape: tuple[int, int], patch_size: int) -> dict[str, Any]:
+    """How close the test patches are to the training patches at `patch_size`.
+
+    `min_centre_distance`: the smallest Euclidean distance, in pixels, from a test pixel to a training pixel;
+    `overlapping_test_patches`: test patches that share a pixel with a training patch (centres within 2·r in
+    Chebyshev distance, r = patch_size // 2); both 0-overlap and a large distance mean an honest test.
+    """
+    from scipy.ndimage import distance_transform_edt
+
+    test = split.test
+    if test.size == 0 or split.train.size == 0:
+        return {"patch_size": patch_size, "test_patches": len(test), "min_centre_distance": None,
+                "overlapping_test_patches": 0}  # fmt: skip
+    not_train = np.ones(shape, dtype=bool)
+    not_train[split.train[:, 0], split.train[:, 1]] = False
+    distance = distance_transform_edt(not_train)[test[:, 0], test[:, 1]]
+    near = _near_train(split.train, shape, patch_size)
+    overlapping = int(near[test[:, 0], test[:, 1]].sum()) if near is not None else 0
+    return {"patch_size": patch_size, "test_patches": len(test), "min_centre_distance": float(distance.min()),
+            "overlapping_test_patches": overlapping}  # fmt: skip
 
 
 def _check_fractions(labels: np.ndarray, train_fraction: float, val_fraction: float) -> None:
@@ -187,13 +235,20 @@ def _check_every_class_trains(labels: np.ndarray, train: np.ndarray, kind: str) 
 
 
 def _drop_near(subset: np.ndarray, train: np.ndarray, shape: tuple[int, int], patch_size: int) -> np.ndarray:
-    radius = patch_radius(patch_size)
-    if radius == 0 or subset.size == 0:
+    near_train = _near_train(train, shape, patch_size)
+    if near_train is None or subset.size == 0:
         return subset
+    return subset[~near_train[subset[:, 0], subset[:, 1]]]
+
+
+def _near_train(train: np.ndarray, shape: tuple[int, int], patch_size: int) -> np.ndarray | None:
+    """Pixels whose patch overlaps a training pixel's patch; None for 1×1 patches, which overlap nothing."""
+    radius = patch_radius(patch_size)
+    if radius == 0:
+        return None
     from scipy.ndimage import binary_dilation
 
     train_mask = np.zeros(shape, dtype=bool)
     train_mask[train[:, 0], train[:, 1]] = True
     # Two p x p windows overlap when their centres are within 2r (Chebyshev), so dilate by 2r.
-    near_train = binary_dilation(train_mask, structure=np.ones((4 * radius + 1, 4 * radius + 1), dtype=bool))
-    return subset[~near_train[subset[:, 0], subset[:, 1]]]
+    return binary_dilation(train_mask, structure=np.ones((4 * radius + 1, 4 * radius + 1), dtype=bool))
