@@ -12,8 +12,14 @@
 #                   1, 4 (on --dry-run one factor at a time from 1 process, fp32, acc 1, to stay near a minute);
 #                   each run folder's preflight.json holds the predicted beside the measured step time
 #   4 summary       predicted vs measured step seconds, relative error, predicted E and verdict, measured samples/s
-# Outputs under $OUT when set, else ./gpu_check_out: environment.txt, preflight.json, summary.txt, steps.log (every
-# command's output) and runs/ (the fits' run folders). Overrides: PYTHON, MODEL, SIZE, PATCH, BATCH.
+#   5 profile       the same plans priced from this GPU's device profile (hslite/preflight/devices/, roofline of
+#                   DESIGN §3) beside the fits' measured step time: the profile's error, what pricing a box you do
+#                   not have would get wrong (on --dry-run the h100_sxm profile against CPU fits: the error means
+#                   nothing there, the step only shows the path runs)
+# Outputs under $OUT when set, else ./gpu_check_out: environment.txt, preflight.json, summary.txt, profile.txt,
+# steps.log (every command's output) and runs/ (the fits' run folders). Overrides: PYTHON, MODEL, SIZE, PATCH, BATCH,
+# PROFILE (a device profile; default: the one matching GPU 0's name), TOPOLOGY (links of multi-GPU plans in step 5;
+# default nvlink_8).
 set -uo pipefail
 
 DRY_RUN=0
@@ -172,6 +178,50 @@ print("meas E: measured samples/s per device ÷ the best single-device run's")
 print(f"median relative error: {statistics.median(abs(r[3]) for r in rows):.0%} over {len(rows)} runs")
 EOF
 tally "${PIPESTATUS[0]}"
+
+if ((DRY_RUN)); then
+  PROFILE="${PROFILE:-h100_sxm}"
+else
+  PROFILE="${PROFILE:-$("$PYTHON" -c "import torch; from hslite.preflight.device_profile import device_for_gpu
+print(device_for_gpu(torch.cuda.get_device_name(0)) or '')")}"
+fi
+TOPOLOGY="${TOPOLOGY:-nvlink_8}"
+section "5. device profile ${PROFILE:-?}: the same plans priced from its datasheet (roofline), against the fits"
+if [[ -z $PROFILE ]]; then
+  echo "no device profile matches this GPU: set PROFILE=NAME (hslite/preflight/devices/)"
+  tally 1
+else
+  "$PYTHON" - "$OUT_DIR" "$PROFILE" "$TOPOLOGY" "${COMMON[@]}" <<'EOF' 2>>"$OUT_DIR/steps.log" | tee "$OUT_DIR/profile.txt"
+import json, statistics, sys
+from pathlib import Path
+from hslite.config import load_config
+from hslite.gate import check_recipe
+from hslite.parallel.plan import Plan
+out_dir, profile, topology, *common = sys.argv[1:]
+rows = []
+for path in sorted(Path(out_dir, "runs").glob("*/*/*/preflight.json")):
+    report = json.loads(path.read_text())
+    if report["measured"] is None:  # the plan changed mid-run: no like-for-like pair
+        continue
+    plan = Plan(**report["requested_plan"])
+    cfg = load_config(None, [*common, *plan.overrides().split(), "parallel.accelerator=gpu",
+                             f"preflight.device={profile}", f"preflight.topology={topology}"])
+    verdict = check_recipe(cfg, from_profile=True)  # priced from the profile even where the GPU is here
+    priced, measured = verdict.predictions[verdict.requested].step_seconds, report["measured"]["step_seconds"]
+    rows.append((report["requested"], report["measured"]["predicted_step_seconds"], priced, measured,
+                 (priced - measured) / measured))
+if not rows:
+    sys.exit("no run finished: see steps.log")
+width = max(len(r[0]) for r in rows)
+print(f"{'plan':<{width}}  {'probe s':>9}  {profile + ' s':>14}  {'meas s':>9}  {'profile err':>11}")
+for name, probed, priced, measured, err in rows:
+    print(f"{name:<{width}}  {probed:>9.4g}  {priced:>14.4g}  {measured:>9.4g}  {err:>+11.0%}")
+print(f"probe s: the measured probe's prediction; {profile} s: the profile's roofline (e and launch cost: "
+      f"hslite/preflight/device_profile.py), links of multi-GPU plans from the topology {topology}")
+print(f"median profile error: {statistics.median(abs(r[4]) for r in rows):.0%} over {len(rows)} runs")
+EOF
+  tally "${PIPESTATUS[0]}"
+fi
 
 echo
 echo "gpu_check: $OK/$TOTAL steps ok in ${SECONDS} s; outputs in $OUT_DIR"

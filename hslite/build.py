@@ -6,6 +6,8 @@ arguments handed out here, so they stay usable from a notebook without a recipe.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import torch
 from torch import nn
@@ -37,6 +39,25 @@ def plan_from_config(cfg: Config) -> Plan:
     ).validate()
 
 
+# The Plan fields a recipe sets under parallel.* (its per-device batch is data.batch_size).
+_PARALLEL_FIELDS = (
+    "devices", "num_nodes", "accelerator", "accumulate", "precision", "compression", "chag", "rotation_groups", "fsdp",
+)  # fmt: skip
+
+
+def config_for_plan(cfg: Config, plan: Plan) -> Config:
+    """The recipe with `plan`'s layout written in (parallel.* and data.batch_size): plan_from_config's inverse.
+
+    parallel.plan becomes "manual": the config says what trained, and loading it again trains the same plan.
+    """
+    layout = {name: getattr(plan, name) for name in _PARALLEL_FIELDS}
+    return replace(
+        cfg,
+        data=replace(cfg.data, batch_size=plan.batch_size),
+        parallel=replace(cfg.parallel, plan="manual", **layout),
+    )
+
+
 def build_datamodule(cfg: Config) -> HSIDataModule:
     """The datamodule a recipe describes (plain arguments, no Config inside)."""
     d = cfg.data
@@ -62,6 +83,10 @@ def build_datamodule(cfg: Config) -> HSIDataModule:
         augment=d.augment,
         num_workers=d.num_workers,
         seed=cfg.train.seed,
+        labels=d.labels,
+        class_names=list(d.class_names),
+        wavelengths=d.wavelengths,
+        ignore_label=d.ignore_label,
     )
 
 
@@ -75,14 +100,19 @@ def prepared_datamodule(cfg: Config) -> HSIDataModule:
 
 def build_model(cfg: Config, datamodule: HSIDataModule) -> nn.Module:
     """The registered model sized for the datamodule's bands, classes and patch (the datamodule must be set up)."""
+    return model_for(cfg, datamodule.num_bands, datamodule.num_classes, datamodule.input_wavelengths_nm)
+
+
+def model_for(cfg: Config, in_bands: int, num_classes: int, wavelengths_nm: np.ndarray | None) -> nn.Module:
+    """The recipe's registered model for `in_bands` input bands (centred at `wavelengths_nm`) and `num_classes`."""
     groups = {"num_groups": cfg.model.band_groups} if cfg.model.band_groups and has_band_groups(cfg.model.name) else {}
     return get_model(
         cfg.model.name,
-        in_bands=datamodule.num_bands,
-        num_classes=datamodule.num_classes,
+        in_bands=in_bands,
+        num_classes=num_classes,
         patch_size=cfg.data.patch_size,
         size=cfg.model.size,
-        wavelengths_nm=datamodule.input_wavelengths_nm,
+        wavelengths_nm=wavelengths_nm,
         **groups,
     )
 

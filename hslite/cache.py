@@ -1,7 +1,7 @@
-"""A small JSON cache of measurements (probe, links, loop cost) under the user cache dir, keyed by what was measured.
+"""A small JSON cache under the user cache dir, keyed by what was measured: probes, links, loop cost, checksums.
 
-Shared by the pre-flight probe and link measurement and by the training-loop cost measurement in `parallel/`, so
-every measurement keeps its result in one place.
+Shared by the pre-flight, the training-loop cost measurement in `parallel/` and the checksum verification of scene
+files (whose folders may be read-only or shared, so nothing is cached beside them), so every record lives in one place.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import platformdirs
 
 
 def cache_file(kind: str, key: dict[str, Any]) -> Path:
-    """Path of the JSON cache entry for one measurement: `<user cache>/hslite/preflight/<kind>-<hash of key>.json`."""
+    """Path of the JSON cache entry for one record: `<user cache>/hslite/records/<kind>-<hash of key>.json`."""
     digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return Path(platformdirs.user_cache_dir("hslite")) / "preflight" / f"{kind}-{digest}.json"
+    return Path(platformdirs.user_cache_dir("hslite")) / "records" / f"{kind}-{digest}.json"
 
 
 def read_cache(kind: str, key: dict[str, Any]) -> dict[str, Any] | None:

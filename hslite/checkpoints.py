@@ -8,8 +8,6 @@ fsynced, so the previous file stays loadable until the new one is whole.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -18,25 +16,12 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from hslite.atomic import atomic_write
+
 
 def atomic_torch_save(payload: Any, path: Path) -> None:
     """torch.save to a temporary file in the target folder, fsync, rename over `path`, fsync the folder."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(payload, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    folder = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(folder)
-    finally:
-        os.close(folder)
+    atomic_write(path, lambda f: torch.save(payload, f))
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

@@ -3,9 +3,13 @@
     hslite fit                                   # the embedded quickstart recipe: synthetic scene, CPU, ~1 minute
     hslite fit recipe=salinas_a_1gpu data.root=../shared/data train.max_epochs=30
     hslite preflight recipe=quickstart_cpu4      # exit 0 GO, 3 NO-GO, 4 undecided here, 2 usage error
+    hslite fit recipe=quickstart_cpu2 parallel.plan=auto   # train the fastest plan the pre-flight finds here
+    hslite compare recipes=compare_cpu_*         # predictions side by side; measure=true steps=30 runs each too
     hslite recipes                               # list recipes
     hslite models                                # list models
-    hslite data list | info SCENE | fetch SCENE [data.root=DIR]
+    hslite data list | info SCENE|PATH | fetch SCENE [data.root=DIR]
+    hslite fit data.scene=cube.hdr data.labels=gt.tif   # your own cube and label raster
+    hslite predict run=runs/quickstart/STAMP [cube=PATH] [probabilities=true]   # map a cube with a finished run
 
 Overrides are `section.key=value` (see `hslite recipes --keys`); precedence: command line > recipe > defaults.
 Heavy libraries (torch, Lightning) are imported only by the command that needs them, so `--help` stays instant.
@@ -32,6 +36,14 @@ def _cmd_fit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_predict(args: argparse.Namespace) -> int:
+    from hslite.predict import parse_options, predict  # imports torch: only for this command
+
+    result = predict(parse_options(args.overrides))
+    print(f"hslite predict: wrote {result.out_dir}")
+    return 0
+
+
 def _cmd_preflight(args: argparse.Namespace) -> int:
     import json
 
@@ -47,6 +59,16 @@ def _cmd_preflight(args: argparse.Namespace) -> int:
     else:
         print_verdict(verdict)
     return verdict.exit_code
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from hslite.compare import parse_options, run_compare  # torch and Lightning only once every config is valid
+    from hslite.compare_report import print_compare
+
+    options = parse_options(args.overrides)
+    rows, folder = run_compare(options, progress=lambda line: print(line, file=sys.stderr))
+    print_compare(rows, options, folder, as_json=args.json)
+    return 1 if any(row.failure for row in rows) else 0
 
 
 def _cmd_recipes(args: argparse.Namespace) -> int:
@@ -88,6 +110,11 @@ def _cmd_data(args: argparse.Namespace) -> int:
         return 0
     if not args.scene:
         raise HSLiteError(f"`hslite data {args.action}` needs a scene name; see `hslite data list`.")
+    from hslite.datasets.own_scene import describe_file, is_scene_path
+
+    if args.action == "info" and is_scene_path(args.scene):
+        print("\n".join(describe_file(args.scene)))
+        return 0
     spec = scenes.get_scene_spec(args.scene)
     if args.action == "info":
         folder = scenes.default_data_root() if root is None else root
@@ -124,12 +151,19 @@ def _parser() -> argparse.ArgumentParser:
     p = add("preflight", _cmd_preflight, "GO (exit 0) / NO-GO (exit 3): does this multi-device plan pay?")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="recipe=NAME and section.key=value overrides")
     p.add_argument("--json", action="store_true", help="print the full report as JSON instead of a table")
+    p = add("compare", _cmd_compare, "several recipes side by side: predicted and (measure=true) measured")
+    p.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="recipes=A,B,... [measure=true steps=N auto=RECIPE] k=v"
+    )
+    p.add_argument("--json", action="store_true", help="print the comparison as JSON instead of a table")
+    p = add("predict", _cmd_predict, "map a cube with a finished run: prediction.tif, map.png, probabilities")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="run=RUN_DIR, cube=PATH, output=DIR, ...")
     p = add("recipes", _cmd_recipes, "list the shipped recipes")
     p.add_argument("--keys", action="store_true", help="list every key a recipe or override may set")
     add("models", _cmd_models, "list the registered models")
     p = add("data", _cmd_data, "list, describe or fetch scenes")
     p.add_argument("action", choices=("list", "info", "fetch"))
-    p.add_argument("scene", nargs="?", help="scene name (info, fetch)")
+    p.add_argument("scene", nargs="?", help="scene name (info, fetch), or the path of a cube or label file (info)")
     p.add_argument("overrides", nargs="*", metavar="data.root=DIR")
     return parser
 

@@ -36,7 +36,12 @@ from hslite.ranges import (
 class DataConfig:
     """Which scene, how it is preprocessed and split, and how patches are batched."""
 
-    scene: str = "synthetic_tiny"  # registered scene name (`hslite data list`)
+    scene: str = "synthetic_tiny"  # registered scene name (`hslite data list`), or the path of your own cube file
+    labels: str | None = None  # label raster of your own cube (data.scene=PATH); None for a registered scene
+    class_names: list[str] = field(default_factory=list)  # your classes, ascending code order; [] means "class <code>"
+    wavelengths: str | None = None  # text/.npy file of your cube's band centres, nm; None means its header's, if any
+    # code of unlabelled pixels in data.labels (any code of a ≤ 32-bit integer raster); the others become classes 1..C
+    ignore_label: int = ranged(0, Interval(-(2**31), 2**32 - 1, whole=True))
     root: str | None = None  # folder holding <scene>/<file>; None means $HSLITE_DATA or the user cache dir
     download: bool = False  # fetch missing files from the scene's canonical URL (checksummed)
     drop_water_bands: bool = True  # drop the scene's conventional water-absorption bands (raw cubes only)
@@ -100,6 +105,10 @@ class ParallelConfig:
     chag: int = ranged(1, AT_LEAST_1)  # ranks sharing one batch's band groups (channel parallelism); 1 means off
     rotation_groups: int = ranged(0, AT_LEAST_0)  # band groups active per step (channel-subset rotation); 0 means off
     fsdp: bool = False  # shard parameters, gradients and optimiser state
+    # "manual" trains the layout above; "auto" trains the fastest plan the pre-flight predicts at this global batch on
+    # the devices present (the layout above is only where the search starts), because which trick pays depends on
+    # the model and the box, and the pre-flight has measured both (hslite/auto_plan.py; plan_choice.json says why)
+    plan: str = "manual"
 
 
 @dataclass
@@ -110,6 +119,11 @@ class PreflightConfig:
     enforce: bool = True  # refuse (exit 3) a NO-GO plan; false means warn and run anyway
     min_efficiency: float = ranged(0.5, Interval(0, 1, lo_open=True))  # GO needs ECD(N)/ECD(1) ≥ this (0.5: r ≤ 1)
     topology: str | None = None  # topology profile to price devices that are not visible; None means measure
+    # GPU profile (`hslite/preflight/devices/`) whose roofline prices the compute of GPUs that are not here, so that a
+    # box you are about to buy gets a GO/NO-GO and not only links and memory; None means undecided there. GPUs that
+    # are here are measured instead.
+    device: str | None = None
+    device_efficiency: float = ranged(0.0, Interval(0, 0), Interval(0, 1, lo_open=True))  # roofline e; 0: the profile's
     fresh: bool = False  # re-measure instead of using cached probe and link results
     probe_steps: int = ranged(5, AT_LEAST_1)  # timed steps per probe, after warm-up
 
@@ -150,6 +164,8 @@ def check_config(cfg: Config) -> Config:
         problems.append(
             f"data.split=count needs data.train_per_class ≥ 1 (training pixels per class), got {d.train_per_class}."
         )
+    if cfg.parallel.plan not in ("manual", "auto"):
+        problems.append(f"parallel.plan must be 'manual' or 'auto', got {cfg.parallel.plan!r}.")
     if problems:
         raise ConfigError(" ".join(problems))
     return cfg

@@ -23,11 +23,14 @@ from hslite.build import build_task, plan_from_config, prepared_datamodule
 from hslite.checkpoints import AtomicCheckpointIO, BestCheckpoint, load_weights
 from hslite.config import Config, to_yaml
 from hslite.datasets.datamodule import HSIDataModule
-from hslite.datasets.io import write_geotiff
+from hslite.datasets.fitted import FittedPreprocessing
+from hslite.datasets.geotiff_out import write_geotiff
+from hslite.datasets.scenes import to_label_codes
 from hslite.parallel.compression_guard import kind_at_level
 from hslite.parallel.plan import Plan, check_visible, trainer_kwargs
 from hslite.parallel.rank_setup import quiet_lightning
 from hslite.parallel.timing import TrainThroughput
+from hslite.parallel.usage import RankUsage, usage_metrics
 from hslite.preflight.verdict import Verdict
 from hslite.report import plot_confusion, plot_map, print_summary, write_json
 from hslite.run_folder import RunFolder
@@ -87,17 +90,28 @@ def fit(cfg: Config) -> RunResult:
     Everything that can fail on bad input (config, plan, data, model) fails before the pre-flight probes and before
     the run folder exists. The folder is `<stamp>.incomplete` while the run lasts, `<stamp>` once complete, and
     `<stamp>.failed` (with error.txt, logs and checkpoints) when anything, Ctrl-C or SIGTERM included, stops it.
+    With parallel.plan=auto the plan is chosen first (`auto_plan.choose_plan`) and the chosen config is what runs.
     """
+    choice = None
+    if cfg.parallel.plan == "auto":
+        from hslite.auto_plan import choose_plan
+
+        choice = choose_plan(cfg)
+        print(choice.paragraph)
+        cfg = choice.cfg
     plan = check_visible(plan_from_config(cfg))
     quiet_lightning()
     pl.seed_everything(cfg.train.seed, workers=True, verbose=False)
     datamodule = prepared_datamodule(cfg)
     task = build_task(cfg, datamodule)  # refuses band groups the plan cannot split or rotate
-    verdict = _gate(cfg, plan, datamodule)
+    verdict = choice.verdict if choice is not None else _gate(cfg, plan, datamodule)
 
     with RunFolder(Path(cfg.output.root) / cfg.recipe) as run:
         (run.path / "config.yaml").write_text(to_yaml(cfg))
+        if choice is not None:
+            write_json(run.path / "plan_choice.json", choice.to_dict())
         datamodule.split.save(run.path / "split.npz")
+        FittedPreprocessing.from_datamodule(datamodule).save(run.path / "preprocessing.npz")  # for hslite predict
         metrics = _train_and_evaluate(cfg, plan, datamodule, task, run.path)
         if verdict is not None:
             write_json(run.path / "preflight.json", _predicted_vs_measured(verdict, plan, metrics))
@@ -111,7 +125,7 @@ def _train_and_evaluate(
 ) -> dict[str, Any]:
     from lightning.pytorch.loggers import CSVLogger
 
-    callbacks: list[pl.Callback] = [TrainThroughput()]
+    callbacks: list[pl.Callback] = [TrainThroughput(), RankUsage()]
     checkpoint = None
     if cfg.output.save_checkpoint:
         checkpoint = BestCheckpoint(work_dir / "checkpoints")
@@ -164,6 +178,7 @@ def _train_and_evaluate(
         "train_samples_per_second": perf["perf/train_samples"] / max(perf["perf/train_batch_seconds"], 1e-9),
         "plan": plan.to_dict(),
         "plan_that_ran": _plan_that_ran(plan, trainer),
+        "usage": usage_metrics(trainer.callback_metrics, plan.accelerator),
         "split_counts": datamodule.split.counts(datamodule.scene.gt),
         "split_protocol": datamodule.split.protocol,
         "leakage_audit": datamodule.leakage_audit(),
@@ -174,8 +189,10 @@ def _train_and_evaluate(
     plot_confusion(work_dir / "confusion.png", confusion, datamodule.class_names)
     if cfg.output.save_map:
         predicted = _predict_scene(evaluator, task, datamodule)
-        plot_map(work_dir / "map.png", predicted, datamodule.scene.gt, datamodule.class_names)
-        write_geotiff(work_dir / "prediction.tif", predicted, datamodule.scene.crs, datamodule.scene.transform)
+        scene = datamodule.scene
+        plot_map(work_dir / "map.png", predicted, scene.gt, datamodule.class_names, scene.label_codes)
+        codes = to_label_codes(predicted, scene.label_codes)  # an own scene's map is in its label file's codes
+        write_geotiff(work_dir / "prediction.tif", codes, scene.crs, scene.transform)
     return metrics
 
 

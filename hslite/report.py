@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,8 +65,17 @@ def plot_confusion(path: Path, confusion: np.ndarray, class_names: list[str]) ->
     plt.close(fig)
 
 
-def plot_map(path: Path, predicted: np.ndarray, ground_truth: np.ndarray, class_names: list[str]) -> None:
-    """Predicted map of the whole scene beside the ground truth, class colours and a legend."""
+def plot_map(
+    path: Path,
+    predicted: np.ndarray,
+    ground_truth: np.ndarray | None,
+    class_names: list[str],
+    label_codes: Sequence[int] | np.ndarray | None = None,
+) -> None:
+    """Predicted map of the whole scene beside the ground truth (when known), class colours and a legend.
+
+    The legend numbers class i by `label_codes[i - 1]`, the code the label file and prediction.tif use, or by i.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -73,14 +83,20 @@ def plot_map(path: Path, predicted: np.ndarray, ground_truth: np.ndarray, class_
     from matplotlib.patches import Patch
 
     colours = class_colours(len(class_names))
-    height, width = ground_truth.shape
+    panels = [(predicted, "prediction")]
+    if ground_truth is not None:
+        panels.insert(0, (ground_truth, "ground truth"))
+    height, width = predicted.shape
     aspect = width / height
-    fig, axes = plt.subplots(1, 2, figsize=(2 * 4.5 * min(2.0, max(0.5, aspect)) + 2.5, 4.8))
-    for ax, labels, title in ((axes[0], ground_truth, "ground truth"), (axes[1], predicted, "prediction")):
+    figsize = (len(panels) * 4.5 * min(2.0, max(0.5, aspect)) + 2.5, 4.8)
+    fig, axes = plt.subplots(1, len(panels), figsize=figsize, squeeze=False)
+    for ax, (labels, title) in zip(axes[0], panels, strict=True):
         ax.imshow(colours[labels], interpolation="nearest")
         ax.set_title(title)
         ax.set_axis_off()
-    handles = [Patch(color=colours[i + 1], label=f"{i + 1} {name}") for i, name in enumerate(class_names)]
+    numbers = range(1, len(class_names) + 1) if label_codes is None else [int(code) for code in label_codes]
+    legend = enumerate(zip(numbers, class_names, strict=True), start=1)
+    handles = [Patch(color=colours[i], label=f"{number} {name}") for i, (number, name) in legend]
     fig.legend(handles=handles, loc="center right", fontsize=7, frameon=False)
     fig.tight_layout(rect=(0, 0, 0.78, 1))
     fig.savefig(path, dpi=120)

@@ -122,6 +122,7 @@ OUT_OF_RANGE = [
     ("data.batch_size", "0", "must be ≥ 1"),
     ("data.eval_batch_size", "0", "must be ≥ 1"),
     ("data.num_workers", "-1", "must be ≥ 0"),
+    ("data.ignore_label", "4294967296", "must be in [-2147483648, 4294967295]"),
     ("train.max_epochs", "-3", "must be ≥ 1"),
     ("train.max_epochs", "0", "must be ≥ 1"),
     ("train.max_steps", "0", "must be -1 or ≥ 1"),
@@ -146,6 +147,7 @@ OUT_OF_RANGE = [
     ("model.band_groups", "-2", "must be ≥ 0"),
     ("preflight.min_efficiency", "0", "must be in (0, 1]"),
     ("preflight.min_efficiency", "1.5", "must be in (0, 1]"),
+    ("preflight.device_efficiency", "1.5", "must be 0 or in (0, 1]"),
     ("preflight.probe_steps", "0", "must be ≥ 1"),
 ]
 

@@ -44,6 +44,7 @@ def test_gpus_not_here_without_a_profile_cannot_be_decided(capsys, monkeypatch):
     assert main(["preflight", *IP8_HERE]) == 4
     err = capsys.readouterr().err
     assert "8 GPUs" in err and "preflight.topology=" in err and "nvlink_8" in err
+    assert "preflight.device=NAME" in err and "h100_sxm" in err  # the way to a GO/NO-GO there
 
 
 def test_gpus_not_here_are_priced_from_the_profile_without_compute(capsys, monkeypatch):
@@ -59,6 +60,7 @@ def test_gpus_not_here_are_priced_from_the_profile_without_compute(capsys, monke
     assert code == 4 and report["exit_code"] == 4 and report["decision"] == "UNDECIDED" and report["go"] is None
     assert report["compute_measured"] is False and report["efficiency"] is None and report["best_passing"] is None
     assert any(reason.startswith("compute not measured: this box has no GPU") for reason in report["reasons"])
+    assert "add preflight.device=NAME" in report["reasons"][0] and report["compute_source"] == "none"
     assert any("topology profile 'nvlink_8'" in r for r in report["reasons"])
     assert all("step_seconds" not in row for row in report["rows"])
     assert {row["plan"] for row in report["rows"]} >= {report["requested"], "1×gpu dp1 b32 acc8 bf16-mixed"}

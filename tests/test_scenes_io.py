@@ -11,7 +11,8 @@ import pytest
 
 from hslite.datasets import fetch, scene_specs, scenes
 from hslite.datasets.fetch import RemoteFile, ensure_file, sha256_file
-from hslite.datasets.io import read_cube, read_labels, write_geotiff
+from hslite.datasets.geotiff_out import write_geotiff
+from hslite.datasets.io import read_cube, read_labels
 from hslite.datasets.scenes import get_scene_spec, list_scenes, load_scene, load_unmixing
 from hslite.errors import DataError
 
@@ -226,11 +227,16 @@ def test_download_verifies_and_caches_checksum(tmp_path, monkeypatch):
         ensure_file(remote, folder, download=False)
     path = ensure_file(remote, folder, download=True)
     assert path.read_bytes() == source.read_bytes()
-    assert sorted(p.name for p in folder.iterdir()) == ["fetched.mat", "fetched.mat.sha256"]
+    assert sorted(p.name for p in folder.iterdir()) == ["fetched.mat"]  # nothing written beside the data
     hashed = []
     monkeypatch.setattr(fetch, "sha256_file", lambda p: hashed.append(p) or "0" * 64)
-    ensure_file(remote, folder, download=False)  # sidecar matches size+mtime: no re-hash
+    ensure_file(remote, folder, download=False)  # cached for this path, size and mtime: no re-hash
     assert hashed == []
+    moved = folder.parent / "moved" / "fetched.mat"
+    moved.parent.mkdir()
+    path.rename(moved)
+    with pytest.raises(DataError, match="sha256 0{64}"):  # a moved file is verified again
+        ensure_file(remote, moved.parent, download=False)
 
 
 def test_checksum_mismatch_leaves_nothing_behind(tmp_path):

@@ -15,6 +15,7 @@ import numpy as np
 from torch.utils.data import DataLoader
 
 from hslite.datasets.fetch import ensure_file
+from hslite.datasets.own_scene import own_scene_for
 from hslite.datasets.patches import PatchDataset, PatchGatherer, collate_patches
 from hslite.datasets.preprocess import BandNormalizer, PCAReducer, check_finite, pad_reflect, select_bands
 from hslite.datasets.scenes import Scene, get_scene_spec, is_synthetic, load_scene, scene_folder
@@ -27,6 +28,7 @@ class HSIDataModule(lightning.LightningDataModule):
 
     Band indices (`remove_bands`) count from 0 in the cube as distributed; `drop_water_bands` adds the scene's
     conventional water-absorption bands. Labels are zero-based (class - 1); prediction labels are -1 where unlabelled.
+    `scene` is a registered name or the path of your own cube, whose label raster `labels` names (see `own_scene`).
     """
 
     def __init__(
@@ -52,9 +54,14 @@ class HSIDataModule(lightning.LightningDataModule):
         augment: bool = False,
         num_workers: int = 0,
         seed: int = 0,
+        labels: str | None = None,  # label raster of your own cube; None for a registered scene
+        class_names: Sequence[str] = (),  # your classes' names in ascending code order; () means "class <code>"
+        wavelengths: str | None = None,  # text/.npy band centres of your cube, nm; None: its header's, if any
+        ignore_label: int = 0,  # code of unlabelled pixels in `labels`
     ):
         super().__init__()
-        get_scene_spec(scene)  # fail on an unknown scene name now, not in setup
+        # fail on an unknown scene name or a missing file now, not in setup; None for a registered scene
+        self.own_scene = own_scene_for(scene, labels, wavelengths, list(class_names), ignore_label)
         self.save_hyperparameters()
         self.scene_name = scene
         self.root = root
@@ -101,7 +108,7 @@ class HSIDataModule(lightning.LightningDataModule):
 
     def prepare_data(self) -> None:
         """Make sure the scene's files are present (downloading them when allowed); reads nothing."""
-        if is_synthetic(self.scene_name):
+        if self.own_scene is not None or is_synthetic(self.scene_name):
             return
         spec = get_scene_spec(self.scene_name)
         folder = scene_folder(self.scene_name, self.root)
@@ -112,8 +119,9 @@ class HSIDataModule(lightning.LightningDataModule):
         """Load, clean, split, normalise (fitted on training pixels only), pad and wrap the scene; idempotent."""
         if self._datasets:
             return
-        scene = load_scene(self.scene_name, self.root, download=self.download, seed=self.seed)
-        water = get_scene_spec(self.scene_name).water_bands if self.drop_water_bands else ()
+        own = self.own_scene
+        scene = own.load() if own else load_scene(self.scene_name, self.root, download=self.download, seed=self.seed)
+        water = get_scene_spec(self.scene_name).water_bands if self.drop_water_bands and own is None else ()
         cube, wavelengths, kept = select_bands(
             scene.cube, scene.wavelengths_nm, sorted(set(self.remove_bands) | set(water)), self.remove_ranges_nm
         )

@@ -7,7 +7,6 @@ user can cause becomes a `DataError` that names the file and says what to do.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import tempfile
@@ -16,6 +15,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from hslite.cache import read_cache, write_cache
 from hslite.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -37,8 +37,10 @@ class RemoteFile:
 def ensure_file(remote: RemoteFile, folder: Path, download: bool) -> Path:
     """Return the path of `remote` inside `folder`, downloading it when missing and allowed; verify its sha256.
 
-    A verified checksum is cached in `<file>.sha256` keyed on size and mtime, so big files are hashed once. Downloads
-    go to a temporary file in the same folder and are moved into place only after they verify (atomic).
+    A verified checksum is cached in the user cache directory (never beside the file: a data folder may be
+    read-only or shared), keyed on the file's resolved path, size and mtime, so big files are hashed once and a moved
+    or changed file is hashed again. Downloads go to a temporary file in the same folder and are moved into place
+    only after they verify (atomic).
     """
     folder = Path(folder)
     path = folder / remote.name
@@ -78,33 +80,22 @@ def _verify(path: Path, remote: RemoteFile) -> None:
         )
 
 
-def _sidecar(path: Path) -> Path:
-    return path.with_name(path.name + ".sha256")
+def _checksum_key(path: Path) -> dict[str, object]:
+    stat = path.stat()
+    return {"path": str(path.resolve()), "size_bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 
 
 def _cached_sha256(path: Path) -> str | None:
-    try:
-        cached = json.loads(_sidecar(path).read_text())
-    except (OSError, ValueError):
-        return None
-    stat = path.stat()
-    if (
-        isinstance(cached, dict)
-        and cached.get("size_bytes") == stat.st_size
-        and cached.get("mtime_ns") == stat.st_mtime_ns
-    ):
-        return cached.get("sha256")
-    return None
+    cached = read_cache("sha256", _checksum_key(path))
+    return None if cached is None else str(cached["sha256"])
 
 
 def _hash_and_cache(path: Path, digest: str | None = None) -> str:
     digest = digest or sha256_file(path)
-    stat = path.stat()
-    record = {"sha256": digest, "size_bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
     try:
-        _sidecar(path).write_text(json.dumps(record))
+        write_cache("sha256", _checksum_key(path), {"sha256": digest})
     except OSError:
-        log.debug("cannot cache the checksum of %s (read-only folder?); it will be hashed again next time", path)
+        log.debug("cannot cache the checksum of %s (cache folder not writable); it will be hashed again", path)
     return digest
 
 

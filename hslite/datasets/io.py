@@ -1,16 +1,17 @@
-"""Read scene files (.mat, ENVI, ERDAS, GeoTIFF, .npy) and write label GeoTIFFs.
+"""Read scene files (.mat, ENVI, ERDAS, GeoTIFF, .npy); `geotiff_out` writes the maps.
 
 Every failure a user can cause (missing, truncated or unexpected file) becomes a `DataError` that names the file and
-says what to do. Cubes come back as (rows, cols, bands) float32 whatever the layout on disk. Fetching and verifying
-files is `fetch`'s job.
+says what to do. Cubes come back as (rows, cols, bands) float32 whatever the layout on disk, whole or (`CubeFile`) a
+block of rows at a time. Fetching and verifying files is `fetch`'s job.
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
 import warnings
 import zlib
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,44 +24,130 @@ _SPECTRAL_SUFFIXES = (".gis", ".lan")  # ERDAS 7.4 files that spectral.open_imag
 
 
 # ----------------------------------------------------------------------------------------------------------- readers
-def read_cube(path: str | Path, key: str | None = None) -> tuple[np.ndarray, Any, Any]:
-    """Read a hyperspectral cube as (rows, cols, bands) float32, with its CRS and affine transform (None if absent).
+@dataclass(frozen=True)
+class CubeFile:
+    """A cube opened for reading blocks of rows on demand, so a file larger than memory is never held whole.
 
-    `.mat` files use variable `key` when present, else the largest 3-D numeric array. ENVI (`.hdr` or a data file with
-    a `.hdr` beside it) and ERDAS (`.lan`, `.gis`) go through spectral; GeoTIFF through rasterio (bands-first on disk);
-    `.npy` is taken as (rows, cols, bands).
+    `dtype` is the type on disk and `wavelengths_nm` the band centres its header gives (ENVI), if any; `read` returns
+    (rows, cols, bands) float32 whatever the layout on disk.
+    """
+
+    source: str
+    shape: tuple[int, int, int]
+    dtype: np.dtype
+    crs: Any
+    transform: Any
+    wavelengths_nm: np.ndarray | None
+    rows: Callable[[int, int], np.ndarray]  # (start, stop) -> rows start..stop-1 as stored, (r, cols[, bands])
+
+    def read(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Rows start..stop-1 (by default all of them) as a contiguous float32 (rows, cols, bands) array."""
+        block = self.rows(start, self.shape[0] if stop is None else stop)
+        return np.ascontiguousarray(block.reshape(-1, *self.shape[1:]), dtype=np.float32)
+
+
+def cube_from_array(array: np.ndarray, source: str, crs: Any = None, transform: Any = None) -> CubeFile:
+    """A CubeFile over an array already in memory ((rows, cols) is one band)."""
+    if array.ndim == 2:
+        array = array[:, :, None]
+    if array.ndim != 3 or array.dtype.kind not in "biuf":
+        raise DataError(f"{source} holds {array.dtype} data of shape {array.shape}; a cube is (rows, cols, bands).")
+    rows, cols, bands = (int(n) for n in array.shape)
+    return CubeFile(source, (rows, cols, bands), array.dtype, crs, transform, None, lambda a, b: array[a:b])
+
+
+def open_cube(path: str | Path, key: str | None = None, strict_key: bool = False) -> CubeFile:
+    """Open a hyperspectral cube for reading by blocks of rows, with its CRS and affine transform (None if absent).
+
+    `.mat` files use variable `key` when present, else the largest 3-D numeric array (`strict_key`: `key` or an
+    error); they are read whole, as scipy allows nothing else. ENVI (`.hdr` or a data file with a `.hdr` beside it)
+    and ERDAS (`.lan`, `.gis`) go through spectral, GeoTIFF through rasterio windows (bands-first on disk), `.npy`
+    (rows, cols, bands) through a memory map.
     """
     path = Path(path)
-    crs = transform = None
     suffix = path.suffix.lower()
     if suffix == ".mat":
-        cube = _pick_mat_array(read_mat(path), path, key, ndim=3, integer=False)
-    elif suffix in _TIFF_SUFFIXES:
-        bands_first, crs, transform = _read_tiff(path)
-        cube = np.moveaxis(bands_first, 0, -1)
-    elif suffix == ".npy":
-        cube = _load_npy(path)
-    else:
-        cube = np.asarray(_open_spectral(path).load())
-    if cube.ndim == 2:
-        cube = cube[:, :, None]
-    if cube.ndim != 3:
-        raise DataError(f"{path} holds an array of shape {cube.shape}; a cube must be (rows, cols, bands).")
-    return np.ascontiguousarray(cube, dtype=np.float32), crs, transform
+        return cube_from_array(_pick_mat_array(read_mat(path), path, key, 3, False, strict_key), str(path))
+    if suffix in _TIFF_SUFFIXES:
+        return _tiff_cube(path)
+    if suffix == ".npy":
+        return cube_from_array(_load_npy(path, mmap=True), str(path))
+    return _spectral_cube(path)
 
 
-def read_labels(path: str | Path, key: str | None = None) -> np.ndarray:
+def read_cube(path: str | Path, key: str | None = None) -> tuple[np.ndarray, Any, Any]:
+    """Read a whole cube as (rows, cols, bands) float32 with its CRS and transform; formats as in `open_cube`."""
+    cube = open_cube(path, key)
+    return cube.read(), cube.crs, cube.transform
+
+
+def _tiff_cube(path: Path) -> CubeFile:
+    from rasterio.windows import Window
+
+    with _open_raster(path) as dataset:
+        shape = (dataset.height, dataset.width, dataset.count)
+        dtype = np.dtype(dataset.dtypes[0])
+        crs, transform = _georeference_of(dataset)
+
+    def rows(start: int, stop: int) -> np.ndarray:
+        with _open_raster(path) as dataset:  # reopened per block: nothing stays open between reads
+            return np.moveaxis(dataset.read(window=Window(0, start, shape[1], stop - start)), 0, -1)
+
+    return CubeFile(str(path), shape, dtype, crs, transform, None, rows)
+
+
+def _spectral_cube(path: Path) -> CubeFile:
+    image = _open_spectral(path)
+    shape = (int(image.nrows), int(image.ncols), int(image.nbands))
+    scale = float(image.scale_factor)
+
+    def rows(start: int, stop: int) -> np.ndarray:
+        block = image.read_subregion((start, stop), (0, shape[1]))
+        # spectral's own load() divides by the header's reflectance scale factor: keep its values
+        return block if scale == 1 else np.divide(block, scale, dtype=np.float32)
+
+    centres = image.bands.centers
+    wavelengths = None if not centres else wavelengths_to_nm(centres, image.bands.band_unit)
+    crs, transform = georeference(Path(image.filename))  # GDAL reads an ENVI header's map info
+    return CubeFile(str(path), shape, np.dtype(image.dtype), crs, transform, wavelengths, rows)
+
+
+def wavelengths_to_nm(values: Sequence[float] | np.ndarray, unit: str | None = None) -> np.ndarray:
+    """Band centres in nm from values in `unit` (nm or µm); with no unit, values all below 100 are µm.
+
+    ENVI headers often leave the unit out, and no imaging-spectrometer band lies below 100 nm.
+    """
+    centres = np.asarray(values, dtype=np.float64).ravel()
+    unit = (unit or "").strip().lower()
+    micro = unit.startswith(("micro", "um", "µm")) or (not unit and centres.size > 0 and centres.max() < 100)
+    return centres * 1000.0 if micro else centres
+
+
+def georeference(path: str | Path) -> tuple[Any, Any]:
+    """CRS and affine transform of a raster GDAL reads (GeoTIFF, ENVI with map info), else (None, None)."""
+    path = Path(path)
+    if path.suffix.lower() in (".mat", ".npy") or not path.is_file():
+        return None, None
+    try:
+        with _open_raster(path) as dataset:
+            return _georeference_of(dataset)
+    except DataError:
+        return None, None
+
+
+def read_labels(path: str | Path, key: str | None = None, strict_key: bool = False) -> np.ndarray:
     """Read a ground-truth map as a (rows, cols) int64 array of raw label codes (0 = unlabelled).
 
-    `.mat` files use variable `key` when present, else the largest 2-D integer-valued array; ERDAS `.gis`/`.lan` and
-    ENVI via spectral; GeoTIFF via rasterio (first band); `.npy` as is.
+    `.mat` files use variable `key` when present, else the largest 2-D integer-valued array (`strict_key`: `key` or
+    an error); ERDAS `.gis`/`.lan` and ENVI via spectral; GeoTIFF via rasterio (first band); `.npy` as is.
     """
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix == ".mat":
-        labels = _pick_mat_array(read_mat(path), path, key, ndim=2, integer=True)
+        labels = _pick_mat_array(read_mat(path), path, key, 2, True, strict_key)
     elif suffix in _TIFF_SUFFIXES:
-        labels = _read_tiff(path)[0][0]
+        with _open_raster(path) as dataset:
+            labels = dataset.read(1)
     elif suffix == ".npy":
         labels = _load_npy(path)
     else:
@@ -101,7 +188,9 @@ def read_mat(path: str | Path) -> dict[str, Any]:
         ) from err
 
 
-def _pick_mat_array(variables: dict[str, Any], path: Path, key: str | None, ndim: int, integer: bool) -> np.ndarray:
+def _pick_mat_array(
+    variables: dict[str, Any], path: Path, key: str | None, ndim: int, integer: bool, strict_key: bool = False
+) -> np.ndarray:
     arrays = {
         name: value
         for name, value in variables.items()
@@ -109,6 +198,12 @@ def _pick_mat_array(variables: dict[str, Any], path: Path, key: str | None, ndim
     }
     if key is not None and key in arrays and arrays[key].ndim == ndim:
         return arrays[key]
+    if strict_key:
+        seen = ", ".join(f"{name} {value.shape}" for name, value in arrays.items()) or "none"
+        raise DataError(
+            f"{path} has no {ndim}-D numeric variable {key!r} (numeric variables: {seen}); name one of them after "
+            "the colon, as in FILE.mat:NAME."
+        )
     candidates = [
         (value.size, name)
         for name, value in arrays.items()
@@ -130,7 +225,9 @@ def _is_integer_valued(array: np.ndarray) -> bool:
     return array.dtype.kind == "f" and bool(np.all(np.isfinite(array))) and bool(np.all(array == np.round(array)))
 
 
-def _read_tiff(path: Path) -> tuple[np.ndarray, Any, Any]:
+@contextmanager
+def _open_raster(path: Path) -> Iterator[Any]:
+    """rasterio.open that names the file on failure and is quiet about plain TIFFs without georeference."""
     import rasterio
     from rasterio.errors import NotGeoreferencedWarning, RasterioIOError
 
@@ -140,18 +237,20 @@ def _read_tiff(path: Path) -> tuple[np.ndarray, Any, Any]:
             # Plain TIFFs (e.g. the Purdue label map) are expected here; having no georeference is not a fault.
             warnings.simplefilter("ignore", NotGeoreferencedWarning)
             with rasterio.open(path) as dataset:
-                data = dataset.read()
-                crs = dataset.crs
-                transform = dataset.transform if crs is not None or not dataset.transform.is_identity else None
+                yield dataset
     except RasterioIOError as err:
-        raise DataError(f"{path} could not be read as a TIFF ({err}); it is probably truncated or corrupt.") from err
-    return data, crs, transform
+        raise DataError(f"{path} could not be read as a raster ({err}); it is probably truncated or corrupt.") from err
 
 
-def _load_npy(path: Path) -> np.ndarray:
+def _georeference_of(dataset: Any) -> tuple[Any, Any]:
+    crs = dataset.crs
+    return crs, dataset.transform if crs is not None or not dataset.transform.is_identity else None
+
+
+def _load_npy(path: Path, mmap: bool = False) -> np.ndarray:
     _require_file(path)
     try:
-        return np.load(path, allow_pickle=False)
+        return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
     except (ValueError, OSError, EOFError) as err:
         raise DataError(f"{path} could not be read as a .npy array ({err}); it is probably truncated.") from err
 
@@ -184,42 +283,3 @@ def _open_spectral(path: Path) -> Any:
 def _require_file(path: Path) -> None:
     if not path.is_file():
         raise DataError(f"{path} does not exist. Put the file there, or point data.root at the folder that holds it.")
-
-
-# ----------------------------------------------------------------------------------------------------------- writers
-def write_geotiff(path: str | Path, labels: np.ndarray, crs: Any, transform: Any) -> None:
-    """Write a (rows, cols) integer label map as a single-band GeoTIFF, atomically (temp file + rename).
-
-    `crs` and `transform` may be None for scenes without georeference; the file is then a plain TIFF.
-    """
-    import rasterio
-    from rasterio.errors import NotGeoreferencedWarning
-
-    labels = np.asarray(labels)
-    if labels.ndim != 2 or labels.dtype.kind not in "biu":
-        raise DataError(f"write_geotiff needs a 2-D integer label map; got {labels.dtype} of shape {labels.shape}.")
-    low, high = (int(labels.min()), int(labels.max())) if labels.size else (0, 0)
-    dtype = next(
-        t for t in (np.uint8, np.int16, np.int32, np.int64) if np.iinfo(t).min <= low and high <= np.iinfo(t).max
-    )
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tif")
-    os.close(handle)
-    profile = {
-        "driver": "GTiff",
-        "height": labels.shape[0],
-        "width": labels.shape[1],
-        "count": 1,
-        "dtype": np.dtype(dtype).name,
-        "crs": crs,
-        "transform": transform,
-    }
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", NotGeoreferencedWarning)  # scenes without georeference are expected
-            with rasterio.open(tmp_name, "w", **profile) as dataset:
-                dataset.write(labels.astype(dtype), 1)
-        os.replace(tmp_name, path)
-    finally:
-        Path(tmp_name).unlink(missing_ok=True)

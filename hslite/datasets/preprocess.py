@@ -187,11 +187,15 @@ def pad_reflect(cube: np.ndarray, patch_size: int) -> np.ndarray:
     return np.pad(cube, ((radius, radius), (radius, radius), (0, 0)), mode="reflect")
 
 
-def check_finite(cube: np.ndarray) -> None:
-    """Raise a DataError with the count and first (row, col, band) of any NaN or Inf in the cube."""
+def check_finite(cube: np.ndarray, first_row: int = 0) -> None:
+    """Raise a DataError with the count and first (row, col, band) of any NaN or Inf in the cube.
+
+    `first_row` is the scene row of the cube's row 0 when it is a block of a larger scene.
+    """
     bad = ~np.isfinite(cube)
     if bad.any():
-        first = tuple(int(i) for i in np.unravel_index(int(np.argmax(bad)), cube.shape))
+        row, col, band = (int(i) for i in np.unravel_index(int(np.argmax(bad)), cube.shape))
+        first = (row + first_row, col, band)
         raise DataError(
             f"The cube has {int(bad.sum())} NaN/Inf values, the first at (row, col, band) {first}. Remove the bad "
             "bands (data.remove_bands) or repair the file."

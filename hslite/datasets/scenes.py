@@ -71,6 +71,7 @@ class Scene:
     wavelengths_nm: np.ndarray | None
     crs: Any | None = None
     transform: Any | None = None
+    label_codes: tuple[int, ...] | None = None  # code in the label file of class 1..C; None: the classes are the codes
 
     @property
     def num_classes(self) -> int:
@@ -111,6 +112,11 @@ class Scene:
             return red, green, blue
         b = self.num_bands
         return (3 * b // 4, b // 2, b // 4)
+
+
+def to_label_codes(classes: np.ndarray, label_codes: tuple[int, ...] | np.ndarray | None) -> np.ndarray:
+    """Classes 1..C as the codes of the scene's label file (unchanged when it keeps no codes), for outputs."""
+    return classes if label_codes is None else np.asarray(label_codes, dtype=np.int64)[classes - 1]
 
 
 def load_scene(name: str, root: str | Path | None = None, download: bool = False, seed: int = 0) -> Scene:

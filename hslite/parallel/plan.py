@@ -164,6 +164,12 @@ def resolve_accelerator(accelerator: str) -> str:
     return accelerator
 
 
+def startable_devices(accelerator: str) -> int:
+    """The most devices per node a fit may start here: the visible GPUs, or CPU_PROCESSES_PER_CORE per CPU core."""
+    have = visible_devices(accelerator)
+    return have * CPU_PROCESSES_PER_CORE if accelerator == "cpu" else have
+
+
 def check_visible(plan: Plan) -> Plan:
     """Refuse a plan this box cannot start: other nodes, or more devices than it has; return the plan otherwise."""
     if plan.num_nodes > 1:
@@ -171,9 +177,7 @@ def check_visible(plan: Plan) -> Plan:
             f"this run asks for {plan.num_nodes} nodes; hslite trains on one box. Price it with "
             f"`hslite preflight` and a topology profile (preflight.topology=...), or set parallel.num_nodes=1."
         )
-    have = visible_devices(plan.accelerator)
-    if plan.accelerator == "cpu":
-        have *= CPU_PROCESSES_PER_CORE
+    have = startable_devices(plan.accelerator)
     if plan.devices > have:
         kind = "GPUs" if plan.accelerator == "gpu" else f"CPU processes ({CPU_PROCESSES_PER_CORE} per core)"
         raise ConfigError(

@@ -18,12 +18,13 @@ def quiet_lightning() -> None:
 
     The info logger carries hardware banners and sales tips ("try litlogger"); the pytree FutureWarning is Lightning's
     own use of a torch API it has not migrated (lightning 2.6 with torch ≥ 2.10) and says nothing about hslite's code.
-    The `sync_dist` advice is for perf/ and the torchmetrics values, which hslite reduces on every rank itself
-    (timing.py, task.py): a lazy sync_dist reduction on whichever rank reads first deadlocks under the progress bar.
+    The `sync_dist` advice is for perf/, usage/ and the torchmetrics values, which hslite reduces on every rank
+    itself (timing.py, usage.py, task.py): a lazy sync_dist reduction on whichever rank reads first deadlocks under
+    the progress bar.
     """
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"lightning\.pytorch\.utilities\._pytree")
-    warnings.filterwarnings("ignore", message=r"It is recommended to use `self\.log\('(perf|train|val|test)/")
+    warnings.filterwarnings("ignore", message=r"It is recommended to use `self\.log\('(perf|usage|train|val|test)/")
 
 
 class RankSetup(pl.Callback):

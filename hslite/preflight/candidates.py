@@ -58,15 +58,21 @@ def candidate_plans(
     for nodes in dict.fromkeys((1, requested.num_nodes)):
         for devices in range(1, max_devices + 1):
             world = devices * nodes
-            if world < 2 or micro_batches % world:
+            if world < 2 or requested.global_batch % world:
                 continue
+            # The requested micro-batches shared by the ranks; where they do not divide among them (one b64 micro-
+            # batch on 2 ranks), one micro-batch per rank of the global batch, so every count that divides it is priced.
+            batch, accumulate = requested.batch_size, micro_batches // world
+            if micro_batches % world:
+                batch, accumulate = requested.global_batch // world, 1
             base = requested.with_(
                 devices=devices,
                 num_nodes=nodes,
+                batch_size=batch,
                 chag=1,
                 fsdp=False,
                 compression="none",
-                accumulate=micro_batches // world,
+                accumulate=accumulate,
             )
             layouts = [base] + [base.with_(compression=c) for c in ("int8", "bf16")]
             if include_fsdp and (nodes == 1 or bandwidth_ratio < PER_LAYER_CROSS_NODE_MAX_RATIO):

@@ -111,6 +111,7 @@ class StepCounts:
     FLOPs are c0 + c1·b per phase, fitted on two counted batches; kernels do not depend on the batch.
     """
 
+    model: str  # the model's class name
     precision: str
     forward_flops_per_sample: float  # forward + loss
     forward_flops_fixed: float  # per step whatever the batch; 0 for models whose work is all per sample

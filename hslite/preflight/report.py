@@ -23,6 +23,8 @@ def print_verdict(verdict: Verdict, console: Console | None = None) -> None:
     if verdict.efficiency is None:
         console.print(f"{word} {verdict.requested.describe()} (compute not measured on this box)")
         return
+    source = f", compute from the {verdict.compute_profile['profile']} profile" if verdict.compute_profile else ""
     console.print(
-        f"{word} {verdict.requested.describe()} (E = {verdict.efficiency:.2f}, min {verdict.min_efficiency}){better}"
+        f"{word} {verdict.requested.describe()} (E = {verdict.efficiency:.2f}, min {verdict.min_efficiency}{source})"
+        f"{better}"
     )

@@ -4,7 +4,8 @@
     verdict = run_preflight(plan, probe_for, measure_links_for, host_memory_bytes)  # or topology=load_topology(..)
     print(verdict.reasons); json.dump(verdict.to_dict(), f); sys.exit(verdict.exit_code)
 
-Plans whose devices are not here go to `price_absent_devices` instead: links and memory, no compute.
+Plans whose devices are not here go to `price_from_profile` when a GPU profile says what they are (compute from
+its roofline), and to `price_absent_devices` otherwise: links and memory, no compute.
 Everything arrives as a Plan and plain callables; the Config is read by `hslite.gate`.
 """
 
@@ -18,7 +19,9 @@ from hslite.errors import ConfigError
 from hslite.parallel.plan import Plan
 from hslite.preflight.candidates import candidate_plans, largest_one_device_batch
 from hslite.preflight.costmodel import Prediction, predict
-from hslite.preflight.measurements import Footprint, LinkModel, ProbeResult
+from hslite.preflight.device_profile import DeviceProfile
+from hslite.preflight.measurements import Footprint, LinkModel, ProbeResult, StepCounts
+from hslite.preflight.roofline import profile_probe, profile_reasons, roofline_summary
 from hslite.preflight.topology import Topology
 from hslite.preflight.verdict import Verdict, decide
 from hslite.preflight.whatif import decide_without_compute, predict_footprint
@@ -38,6 +41,7 @@ def run_preflight(
     cpu_cores: int | None = None,
     loop_seconds_for: Callable[[Plan], float] | None = None,
     amp: bool = True,
+    probe_each_batch: bool = False,
 ) -> Verdict:
     """Probe, price every candidate and decide; the single entry point of the pre-flight check.
 
@@ -50,6 +54,8 @@ def run_preflight(
     `topology` fills in `link_for`, `chag_link_for`, `device_memory_bytes` (one device; host memory for CPU plans)
     and `max_devices` (devices per node) when they are not given; `max_devices` otherwise defaults to the request's.
     `amp=False` leaves AMP single-device plans out (a one-device fit on CPU need not pay for a bf16 probe).
+    `probe_each_batch` asks `probe_for` at each plan's own micro-batch: a profile prices any batch by formula,
+    where a measured probe is timed at one and extrapolated.
     """
     requested.validate()
     if topology is not None:
@@ -71,8 +77,8 @@ def run_preflight(
 
     def price(plan: Plan) -> Prediction:
         ranks_sharing_cores = plan.devices if plan.accelerator == "cpu" else 1  # sets the threads a CPU rank gets
-        probe_batch = requested.batch_size
-        if plan.accelerator == "cpu" and plan.world_size == 1 < requested.world_size:
+        probe_batch = plan.batch_size if probe_each_batch else requested.batch_size
+        if not probe_each_batch and plan.accelerator == "cpu" and plan.world_size == 1 < requested.world_size:
             # A lone CPU rank prices only one-device candidates, up to BATCH_SCALES' 4× the requested micro-batch;
             # probed at (b, b/2) it would extrapolate the biggest of them (usually the best) fourfold.
             probe_batch = largest_one_device_batch(requested)
@@ -139,6 +145,52 @@ def price_absent_devices(
 
     predictions = _price_candidates(requested, price, topology.gpus_per_node, chag_supported, topology.bandwidth_ratio)
     return decide_without_compute(requested, predictions, why_unmeasured)
+
+
+def price_from_profile(
+    requested: Plan,
+    footprint_for: Callable[[Plan], Footprint],
+    counts_for: Callable[[Plan], StepCounts],
+    gather_seconds_for: Callable[[int], float],
+    profile: DeviceProfile,
+    topology: Topology,
+    min_efficiency: float = 0.5,
+    *,
+    chag_supported: bool = False,
+    loop_seconds_for: Callable[[Plan], float] | None = None,
+) -> Verdict:
+    """Price a plan whose GPUs are not here with compute from a device profile's roofline: a full GO / NO-GO.
+
+    `footprint_for` and `counts_for` (the model's sizes, FLOPs and kernels, counted on this CPU) are called once per
+    precision, `gather_seconds_for(b)` once per micro-batch; memory is the profile's, links the topology's. The
+    verdict says where its compute came from (`compute_source`, `compute_profile` and a reason): not measured.
+    """
+    work: dict[str, tuple[Footprint, StepCounts]] = {}
+
+    def probe_for(plan: Plan) -> ProbeResult:
+        if plan.precision not in work:
+            work[plan.precision] = (footprint_for(plan), counts_for(plan))
+        return profile_probe(plan.batch_size, *work[plan.precision], profile, gather_seconds_for(plan.batch_size))
+
+    verdict = run_preflight(
+        requested,
+        probe_for,
+        device_memory_bytes=profile.memory_bytes,
+        min_efficiency=min_efficiency,
+        topology=topology,
+        chag_supported=chag_supported,
+        loop_seconds_for=loop_seconds_for,
+        probe_each_batch=True,
+    )
+    sizes, counts = work[requested.precision]
+    verdict.compute_measured = False
+    verdict.compute_profile = roofline_summary(sizes, counts, profile, requested.batch_size)
+    verdict.reasons[:0] = profile_reasons(verdict.compute_profile, requested.describe())
+    verdict.reasons.append(
+        f"device memory ({profile.memory_gib:g} GiB) from the {profile.name} profile, links from the topology "
+        f"profile {topology.name!r}"
+    )
+    return verdict
 
 
 def _price_candidates(

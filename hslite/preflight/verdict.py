@@ -1,7 +1,8 @@
 """GO / NO-GO: compare every priced plan with the best single device and explain the decision in words.
 
 E = ECD(N)/ECD(1) where ECD(1) is the best single-device plan at the same global batch (DESIGN §3). A verdict on
-devices that are not here (`whatif.py`) has no E: it is UNDECIDED unless memory alone rules the plan out.
+devices that are not here (`whatif.py`) has no E: it is UNDECIDED unless memory alone rules the plan out, or unless
+a device profile prices their compute (`roofline.py`), labelled as such.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ class Verdict:
     """The decision on one requested plan, with its reasons and every priced alternative.
 
     Without `compute_measured` (devices that are not here) `efficiency`, `best_single` and `best_passing` are None,
-    the rows carry link time and memory only, and `go` is None (undecided) unless memory alone says NO-GO.
+    the rows carry link time and memory only, and `go` is None (undecided) unless memory alone says NO-GO; unless
+    `compute_profile` is set, when a device profile's roofline priced the compute and the verdict is a full one.
     """
 
     go: bool | None
@@ -44,6 +46,14 @@ class Verdict:
     predictions: dict[Plan, Any] = field(repr=False)  # Prediction, or FootprintPrediction without compute
     rows: list[dict[str, Any]] = field(default_factory=list, repr=False)  # ranked: passing by samples/s first
     compute_measured: bool = True  # step times measured on the plan's own kind of device
+    compute_profile: dict[str, Any] | None = None  # what a device profile priced compute with (roofline_summary)
+
+    @property
+    def compute_source(self) -> str:
+        """Where step times come from: "measured", "profile:NAME" (a device profile's roofline) or "none"."""
+        if self.compute_measured:
+            return "measured"
+        return f"profile:{self.compute_profile['profile']}" if self.compute_profile else "none"
 
     @property
     def decision(self) -> str:
@@ -62,6 +72,8 @@ class Verdict:
             "go": self.go,
             "exit_code": self.exit_code,
             "compute_measured": self.compute_measured,
+            "compute_source": self.compute_source,
+            "compute_profile": self.compute_profile,
             "requested": self.requested.describe(),
             "requested_plan": self.requested.to_dict(),
             "efficiency": self.efficiency,
@@ -76,9 +88,13 @@ class Verdict:
 
     def render_table(self, limit: int | None = 15) -> Table:
         """Ranked plans as a rich Table (the requested one and the best passing one are marked)."""
-        table = Table(title=f"pre-flight: {self.decision} for {self.requested.describe()}")
+        title = f"pre-flight: {self.decision} for {self.requested.describe()}"
+        if self.compute_profile:
+            title += f" (step times from the {self.compute_profile['profile']} profile's roofline, not measured)"
+        table = Table(title=title)
+        priced = self.compute_measured or self.compute_profile is not None  # the rows carry step times
         columns: tuple[str, ...]
-        if self.compute_measured:
+        if priced:
             columns = ("plan", "step s", "samples/s", "ECD", "E", "memory/device", "fits", "passes")
         else:
             columns = ("plan", "link s/step", "wire MiB/step", "memory/device", "fits")
@@ -92,7 +108,7 @@ class Verdict:
             mark += " ★" if self.best_passing and row["plan"] == self.best_passing.describe() else ""
             memory = (gib(row["per_device_peak_bytes"]), "yes" if row["fits"] else "no")
             figures: tuple[str, ...]
-            if self.compute_measured:
+            if priced:
                 figures = (f"{row['step_seconds']:.4g}", f"{row['samples_per_second']:.4g}", f"{row['ecd']:.4g}",
                            f"{row['efficiency']:.2f}", *memory, "yes" if row["passes"] else "no")  # fmt: skip
             else:

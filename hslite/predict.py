@@ -1,0 +1,223 @@
+"""Map a cube with a finished run: `hslite predict run=RUN_DIR [cube=PATH] [key=value…]`.
+
+As a library call:
+
+    from hslite.predict import PredictOptions, predict
+    result = predict(PredictOptions(run="runs/quickstart/20250101-120000-000000", probabilities=True))
+
+The model is rebuilt from the run's config.yaml and loaded from checkpoints/best.ckpt (weights only); the run's fitted
+preprocessing (preprocessing.npz) is applied to blocks of rows, each read with a halo of patch_size // 2 rows and
+reflected at the scene's edges as fit padded the whole scene, so memory holds one block and its patches, never the
+patches of the whole cube. Outputs go to a new folder, RUN_DIR/predict/<stamp>/ (or OUTPUT/<stamp>/), never over the
+run's own: prediction.tif (in the label file's codes, georeferenced when the input is), map.png, predict.json and,
+when asked, probabilities.tif (float32, one band per class).
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from hslite.build import model_for
+from hslite.checkpoints import load_weights
+from hslite.config import Config, load_config, parse_overrides
+from hslite.datasets.fitted import FittedPreprocessing
+from hslite.datasets.geotiff_out import geotiff_writer, write_geotiff
+from hslite.datasets.io import CubeFile, cube_from_array
+from hslite.datasets.own_scene import OwnScene, open_cube_spec
+from hslite.datasets.patches import PatchGatherer
+from hslite.datasets.preprocess import patch_radius
+from hslite.datasets.scenes import load_scene, to_label_codes
+from hslite.errors import ConfigError, DataError
+from hslite.report import plot_map, write_json
+from hslite.run_folder import RunFolder
+
+BLOCK_BYTES = 64 * 2**20  # raw cube bytes per block when tile_rows=0; the working set is a few times this
+
+
+@dataclass
+class PredictOptions:
+    """The key=value options of `hslite predict`."""
+
+    run: str = ""  # run folder that `hslite fit` wrote (runs/<recipe>/<stamp>); required
+    cube: str | None = None  # cube to map, PATH or FILE.mat:NAME, with the run's raw bands; None means the run's scene
+    output: str | None = None  # folder under which <stamp>/ is made; None means RUN_DIR/predict
+    probabilities: bool = False  # also write probabilities.tif: float32, one band per class
+    batch_size: int = 0  # patches per forward pass; 0 means the run's data.eval_batch_size
+    tile_rows: int = 0  # rows per block; 0 means as many as hold BLOCK_BYTES of raw cube
+    accelerator: str = "auto"  # "cpu", "gpu", or "auto" (gpu when CUDA is available)
+    progress: bool = True  # rich progress bar
+
+
+@dataclass
+class PredictResult:
+    """What a prediction left behind: its folder and the classes (1..C) of every pixel."""
+
+    out_dir: Path
+    classes: np.ndarray
+
+
+def parse_options(items: list[str]) -> PredictOptions:
+    """`key=value` items -> PredictOptions; an unknown key or a bad value is a ConfigError naming it."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    known = [f.name for f in fields(PredictOptions)]
+    pairs = parse_overrides(items)
+    unknown = [key for key, _ in pairs if key not in known]
+    if unknown:
+        raise ConfigError(f"hslite predict has no option {unknown[0]!r}; its options are {', '.join(known)}.")
+    try:
+        merged = OmegaConf.merge(
+            OmegaConf.structured(PredictOptions), OmegaConf.from_dotlist([f"{k}={v}" for k, v in pairs])
+        )
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"hslite predict: bad value for {err.full_key!r}: {str(err).splitlines()[0]}.") from None
+    options: PredictOptions = OmegaConf.to_object(merged)  # type: ignore[assignment]
+    if not options.run:
+        raise ConfigError("hslite predict needs run=RUN_DIR, a folder that hslite fit wrote (runs/<recipe>/<stamp>).")
+    negative = [f"{key}={getattr(options, key)}" for key in ("batch_size", "tile_rows") if getattr(options, key) < 0]
+    if negative:
+        raise ConfigError(f"{', '.join(negative)}: give a positive number, or 0 for the default.")
+    if options.accelerator not in ("auto", "cpu", "gpu"):
+        raise ConfigError(f"accelerator must be auto, cpu or gpu; got {options.accelerator!r}.")
+    return options
+
+
+def load_run(run_dir: Path) -> tuple[Config, FittedPreprocessing, nn.Module]:
+    """The run's config, fitted preprocessing and model with its best weights; a missing part is a DataError."""
+    if not run_dir.is_dir():
+        raise DataError(
+            f"{run_dir} does not exist; pass run=DIR, a folder that hslite fit wrote (runs/<recipe>/<stamp>)."
+        )
+    config, checkpoint = run_dir / "config.yaml", run_dir / "checkpoints" / "best.ckpt"
+    if not config.is_file():
+        raise DataError(f"{run_dir} has no config.yaml, so it is not a run folder of hslite fit.")
+    if not checkpoint.is_file():
+        raise DataError(
+            f"{run_dir} has no checkpoints/best.ckpt (it ran with output.save_checkpoint=false, or stopped before its "
+            "first validation); train it again to predict with it."
+        )
+    cfg = load_config(str(config))
+    prep = FittedPreprocessing.load(run_dir / "preprocessing.npz")
+    model = model_for(cfg, prep.num_input_bands, prep.num_classes, prep.input_wavelengths_nm)
+    try:
+        weights = load_weights(checkpoint)
+        model.load_state_dict({k.removeprefix("model."): v for k, v in weights.items() if k.startswith("model.")})
+    except (RuntimeError, OSError, EOFError, KeyError) as err:
+        raise DataError(f"{checkpoint} does not hold this run's model ({str(err).splitlines()[0]}).") from err
+    return cfg, prep, model
+
+
+def _run_scene(prep: FittedPreprocessing) -> tuple[CubeFile, np.ndarray]:
+    """The run's own scene, loaded as fit loaded it, and its ground truth (classes 1..C)."""
+    source = dict(prep.scene)
+    if source.pop("kind") == "own":
+        scene = OwnScene(**{**source, "class_names": tuple(source["class_names"])}).load()
+    else:
+        scene = load_scene(source["name"], source["root"], seed=source["seed"])
+    return cube_from_array(scene.cube, scene.name, scene.crs, scene.transform), scene.gt
+
+
+def predict(options: PredictOptions) -> PredictResult:
+    """Map `options.cube` (by default the run's own scene) with the run in `options.run`."""
+    run_dir = Path(options.run).expanduser()
+    cfg, prep, model = load_run(run_dir)
+    source, gt = _run_scene(prep) if options.cube is None else (open_cube_spec(options.cube), None)
+    height, width, bands = source.shape
+    if bands != prep.raw_bands:
+        raise DataError(
+            f"{source.source} has {bands} bands but run {run_dir} was trained on a {prep.raw_bands}-band cube; "
+            "predict needs a cube from the same sensor with the same bands."
+        )
+    if patch_radius(prep.patch_size) >= min(height, width):
+        raise DataError(
+            f"{source.source} is {height}×{width} pixels, too small for the run's {prep.patch_size}-pixel patches."
+        )
+    accelerator = "gpu" if options.accelerator == "auto" and torch.cuda.is_available() else options.accelerator
+    if accelerator == "gpu" and not torch.cuda.is_available():
+        raise ConfigError("accelerator=gpu but no CUDA device is visible here; use accelerator=cpu.")
+    device = torch.device("cuda" if accelerator == "gpu" else "cpu")
+    block_rows = min(height, options.tile_rows or max(1, BLOCK_BYTES // (4 * width * bands)))
+    batch_size = options.batch_size or cfg.data.eval_batch_size
+    started = time.perf_counter()
+    with RunFolder(Path(options.output).expanduser() if options.output else run_dir / "predict") as folder:
+        with ExitStack() as stack:
+            writer = None
+            if options.probabilities:
+                writer = stack.enter_context(
+                    geotiff_writer(folder.path / "probabilities.tif", (height, width), prep.num_classes, np.float32,
+                                   source.crs, source.transform)
+                )  # fmt: skip
+                for band, name in enumerate(prep.class_names, start=1):
+                    writer.set_band_description(band, name)
+            classes = _map_blocks(model.to(device).eval(), prep, source, block_rows, batch_size, writer, options)
+        codes = to_label_codes(classes, prep.label_codes)
+        write_geotiff(folder.path / "prediction.tif", codes, source.crs, source.transform)
+        plot_map(folder.path / "map.png", classes, gt, prep.class_names, prep.label_codes)
+        seconds = time.perf_counter() - started
+        write_json(folder.path / "predict.json", {
+            "run": str(run_dir.resolve()), "cube": options.cube or "the run's scene", "shape": list(source.shape),
+            "georeferenced": source.crs is not None, "block_rows": block_rows, "seconds": seconds,
+            "pixels_per_second": height * width / max(seconds, 1e-9),
+            "pixels_per_class": _pixels_per_class(codes, prep),
+        })  # fmt: skip
+    return PredictResult(folder.path, classes)
+
+
+def _map_blocks(
+    model: nn.Module,
+    prep: FittedPreprocessing,
+    source: CubeFile,
+    block_rows: int,
+    batch_size: int,
+    writer: Any,
+    options: PredictOptions,
+) -> np.ndarray:
+    """Classes 1..C of every pixel, a block of rows at a time; each block's probabilities go to `writer` if any."""
+    from rasterio.windows import Window
+    from rich.progress import Progress
+
+    height, width, _ = source.shape
+    radius = patch_radius(prep.patch_size)
+    device = next(model.parameters()).device
+    classes = np.zeros((height, width), dtype=np.min_scalar_type(prep.num_classes))
+    with Progress(disable=not options.progress) as bar:
+        task = bar.add_task(f"predicting {height}×{width} pixels", total=height)
+        for start in range(0, height, block_rows):
+            stop = min(height, start + block_rows)
+            low, high = max(0, start - radius), min(height, stop + radius)
+            block = prep.apply(source.read(low, high), first_row=low)
+            # Where the halo runs off the scene, reflect: pad_reflect did the same to the whole scene in fit.
+            rows_pad = (radius - (start - low), radius - (high - stop))
+            gatherer = PatchGatherer(
+                np.pad(block, (rows_pad, (radius, radius), (0, 0)), mode="reflect"), prep.patch_size
+            )
+            grid = torch.stack(torch.meshgrid(torch.arange(stop - start), torch.arange(width), indexing="ij"), -1)
+            with torch.inference_mode():
+                logits = torch.cat(
+                    [
+                        model(gatherer.gather(batch).to(device)).float().cpu()
+                        for batch in grid.reshape(-1, 2).split(batch_size)
+                    ]
+                )
+            classes[start:stop] = (logits.argmax(1) + 1).reshape(stop - start, width).numpy()
+            if writer is not None:
+                probabilities = torch.softmax(logits, 1).reshape(stop - start, width, -1).permute(2, 0, 1)
+                writer.write(probabilities.numpy(), window=Window(0, start, width, stop - start))
+            bar.advance(task, stop - start)
+    return classes
+
+
+def _pixels_per_class(codes: np.ndarray, prep: FittedPreprocessing) -> dict[str, int]:
+    values, counts = np.unique(codes, return_counts=True)
+    written = to_label_codes(np.arange(1, prep.num_classes + 1), prep.label_codes).tolist()
+    names = dict(zip(written, prep.class_names, strict=True))
+    return {f"{int(v)} {names[int(v)]}": int(n) for v, n in zip(values, counts, strict=True)}

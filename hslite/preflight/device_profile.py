@@ -1,0 +1,87 @@
+"""GPU profiles for devices that are not here: memory, peak FLOP/s, memory and host bandwidth, a source per figure.
+
+What-if pricing (DESIGN §3) reads them through the roofline of `roofline.py`. Profiles are YAML files in `devices/`,
+read with `yaml.safe_load`. `memory_gib` is what torch sees (a little under the datasheet's capacity); rates are dense
+(no 2:4 sparsity); `fp32_tflops` is plain FP32 on the vector units, not TF32, the rate "32-true" is priced at (cuDNN
+may run fp32 convolutions as TF32, so a conv-heavy "32-true" plan can run faster than priced); `bf16_tflops` is the
+tensor/matrix rate with FP32 accumulate, and fp16 runs at the same rate on every profile here, so "16-mixed" uses it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from hslite.errors import ConfigError
+
+# The share of the datasheet peaks a training step attains, for FLOPs and for bytes alike. Large, tuned models train
+# at 40-55 % of the bf16 peak (PaLM's 46 % MFU, Chowdhery et al. 2022, table 3); small convolutional models in eager
+# PyTorch attain less. A stated starting point, not yet calibrated on a GPU (benchmarks/gpu_check.sh prints the
+# profile's error beside the measurement); preflight.device_efficiency or a profile's own `efficiency` overrides it.
+DEFAULT_EFFICIENCY = 0.35
+# Host time eager PyTorch spends to issue one kernel (Python, dispatcher, autograd, the CUDA launch): GPU work is
+# asynchronous, so a step cannot take less than its kernels × this, the "overhead" regime of He 2022, "Making deep
+# learning go brrrr from first principles" (horace.io/brrr_intro.html). A tiny autograd op took 5.6 µs forward and
+# backward on a 2-core EPYC with no launch at all; the launch adds a few µs of host time. An estimate, not yet
+# calibrated on a GPU either; a profile's own `launch_us` overrides it.
+DEFAULT_LAUNCH_US = 10.0
+_FIGURES = ("memory_gib", "memory_gbps", "fp32_tflops", "bf16_tflops", "host_gbps")
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """One GPU as its datasheet states it, with the efficiency and launch cost the roofline prices it at."""
+
+    name: str
+    device_name: str  # part of torch.cuda.get_device_name() on this GPU (which profile a GPU box measures)
+    memory_gib: float  # device memory torch sees
+    memory_gbps: float  # GB/s, peak memory bandwidth
+    fp32_tflops: float  # dense, plain FP32 (not TF32)
+    bf16_tflops: float  # dense, tensor/matrix units with FP32 accumulate; fp16 the same
+    host_gbps: float  # GB/s host to device (PCIe, one direction), what a batch's copy crosses
+    source: dict[str, str]  # one citation per figure
+    efficiency: float = DEFAULT_EFFICIENCY  # e, share of the peaks attained
+    launch_us: float = DEFAULT_LAUNCH_US  # host microseconds per kernel launch
+
+    @property
+    def memory_bytes(self) -> int:
+        """Memory of one device."""
+        return int(self.memory_gib * 2**30)
+
+    def peak_flops(self, precision: str) -> float:
+        """Dense peak FLOP/s at a Lightning precision: plain FP32 for "32-true", the bf16/fp16 tensor rate for AMP."""
+        return (self.fp32_tflops if precision == "32-true" else self.bf16_tflops) * 1e12
+
+
+def _device_files() -> dict[str, Any]:
+    folder = resources.files("hslite.preflight") / "devices"
+    return {f.name.removesuffix(".yaml"): f for f in folder.iterdir() if f.name.endswith(".yaml")}
+
+
+def list_devices() -> list[str]:
+    """Names of the bundled GPU profiles."""
+    return sorted(_device_files())
+
+
+def load_device(name: str) -> DeviceProfile:
+    """Read one bundled profile (yaml.safe_load); an unknown name raises ConfigError listing the known ones."""
+    files = _device_files()
+    if name not in files:
+        raise ConfigError(f"unknown preflight.device {name!r}; known GPU profiles: {', '.join(sorted(files))}.")
+    data = yaml.safe_load(files[name].read_text())
+    try:
+        profile = DeviceProfile(name=name, **data)
+    except TypeError as err:
+        raise ConfigError(f"device file {name}.yaml is malformed ({err}); expected keys {_FIGURES}.") from err
+    uncited = [f for f in _FIGURES if f not in profile.source]
+    if uncited:
+        raise ConfigError(f"device {name}.yaml gives {', '.join(uncited)} without a source; cite each figure.")
+    return profile
+
+
+def device_for_gpu(gpu_name: str) -> str | None:
+    """The profile of a GPU from its torch.cuda.get_device_name(), or None when none matches."""
+    return next((name for name in list_devices() if load_device(name).device_name in gpu_name), None)

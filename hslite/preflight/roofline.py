@@ -1,0 +1,138 @@
+"""A probe of a device that is not here, priced from its profile: the roofline of DESIGN §3 (what-if pricing).
+
+Each phase of a training step (forward, backward, optimiser) takes
+    T ≈ max(FLOPs / (peak · e), bytes / (memory BW · e), kernels · launch)
+FLOPs and kernels are counted on the model itself (`step_counts.py`); bytes are estimated from its Footprint:
+    forward    parameters read + activations saved for backward written
+    backward   parameters read + saved activations read back + their gradients written (as large) + gradients written
+    optimiser  AdamW reads parameters, gradients and both moments, and writes parameters and moments
+a lower bound on traffic: temporaries that are not saved and cache misses are not counted. The third roof is the
+host's: eager PyTorch issues a kernel per aten op, asynchronously, so a phase cannot end before its kernels are
+issued; for small models it is the roof that binds. Torch-free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any
+
+from hslite.preflight.device_profile import DeviceProfile
+from hslite.preflight.formulas import fit_compute_model
+from hslite.preflight.measurements import Footprint, ProbeResult, StepCounts
+
+ROOFS = ("flops", "memory", "launch")
+_BOUND = {"flops": "compute-bound", "memory": "memory-bound", "launch": "bound by the host's kernel launches"}
+
+
+def roofline_seconds(flops: float, moved_bytes: float, kernels: int, profile: DeviceProfile, precision: str) -> float:
+    """max(FLOPs / (peak·e), bytes / (BW·e), kernels · launch): one phase on the profile's device."""
+    return max(_roofs_seconds(flops, moved_bytes, kernels, profile, precision).values())
+
+
+def _roofs_seconds(
+    flops: float, moved_bytes: float, kernels: int, profile: DeviceProfile, precision: str
+) -> dict[str, float]:
+    e = profile.efficiency
+    return {
+        "flops": flops / (profile.peak_flops(precision) * e),
+        "memory": moved_bytes / (profile.memory_gbps * 1e9 * e),
+        "launch": kernels * profile.launch_us * 1e-6,
+    }
+
+
+def _phases(sizes: Footprint, counts: StepCounts, batch_size: int) -> dict[str, tuple[float, float, int]]:
+    """(FLOPs, bytes moved, kernels) of forward, backward and the optimiser step at `batch_size`."""
+    activation_bytes = sizes.activation_bytes * batch_size / sizes.batch_size
+    return {
+        "forward": (counts.forward_flops(batch_size), sizes.param_bytes + activation_bytes, counts.forward_kernels),
+        "backward": (
+            counts.backward_flops(batch_size),
+            sizes.param_bytes + 2 * activation_bytes + sizes.grad_bytes,
+            counts.backward_kernels,
+        ),
+        "optimizer": (
+            0.0,
+            2 * sizes.param_bytes + sizes.grad_bytes + 2 * sizes.optimizer_bytes,
+            counts.optimizer_kernels,
+        ),
+    }
+
+
+def profile_probe(
+    batch_size: int, sizes: Footprint, counts: StepCounts, profile: DeviceProfile, gather_seconds: float
+) -> ProbeResult:
+    """What a probe on the profile's device would measure at `batch_size`, from the model's counts and sizes.
+
+    `gather_seconds` is the host's batch gather (timed on this CPU: the same work the GPU box's host does); the
+    batch's copy to the device crosses the profile's host link. c0 + c1·b is fitted on b and b/2, like the probe.
+    """
+
+    def seconds(b: int) -> dict[str, float]:
+        return {
+            phase: roofline_seconds(*work, profile, counts.precision)
+            for phase, work in _phases(sizes, counts, b).items()
+        }
+
+    other_batch = batch_size // 2 if batch_size > 1 else 2  # the probe's second batch
+    times, other = seconds(batch_size), seconds(other_batch)
+    c0, c1 = fit_compute_model(
+        [batch_size, other_batch], [times["forward"] + times["backward"], other["forward"] + other["backward"]]
+    )
+    activation_bytes = round(sizes.activation_bytes * batch_size / sizes.batch_size)
+    # The four terms only: the absent device's allocator and kernel workspace is not known.
+    held_bytes = sizes.param_bytes + sizes.grad_bytes + sizes.optimizer_bytes + activation_bytes
+    footprint = {f.name: getattr(sizes, f.name) for f in fields(Footprint)}
+    footprint.update(batch_size=batch_size, activation_bytes=activation_bytes, peak_bytes=held_bytes,
+                     device=f"profile:{profile.name}")  # fmt: skip
+    return ProbeResult(
+        **footprint,
+        forward_seconds=times["forward"],
+        backward_seconds=times["backward"],
+        optimizer_seconds=times["optimizer"],
+        data_seconds=gather_seconds + counts.input_bytes_per_sample * batch_size / (profile.host_gbps * 1e9),
+        threads=1,
+        compute_c0_seconds=c0,
+        compute_c1_seconds_per_sample=c1,
+        chag_fraction=counts.tokenizer_flops_fraction,
+    )
+
+
+def roofline_summary(sizes: Footprint, counts: StepCounts, profile: DeviceProfile, batch_size: int) -> dict[str, Any]:
+    """What the profile's pricing used, for preflight.json: peaks, e, FLOPs, and each roof of each phase in seconds."""
+    return {
+        "profile": profile.name,
+        "model": counts.model,
+        "efficiency": profile.efficiency,
+        "launch_us": profile.launch_us,
+        "peak_flops": profile.peak_flops(counts.precision),
+        "memory_gbps": profile.memory_gbps,
+        "precision": counts.precision,
+        "batch_size": batch_size,
+        "flops_per_sample": counts.forward_flops_per_sample + counts.backward_flops_per_sample,
+        "flops_fixed": counts.forward_flops_fixed + counts.backward_flops_fixed,
+        "phases": {
+            phase: {
+                "flops": work[0],
+                "bytes": work[1],
+                "kernels": work[2],
+                **{f"{roof}_seconds": s for roof, s in _roofs_seconds(*work, profile, counts.precision).items()},
+            }
+            for phase, work in _phases(sizes, counts, batch_size).items()
+        },
+    }
+
+
+def profile_reasons(summary: dict[str, Any], plan: str) -> list[str]:
+    """Where the compute came from and which roof binds, in words (the first reasons of a profile's verdict)."""
+    name, e = summary["profile"], summary["efficiency"]
+    gflop = summary["flops_per_sample"] / 1e9
+    roofs = {roof: sum(phase[f"{roof}_seconds"] for phase in summary["phases"].values()) for roof in ROOFS}
+    kernels = sum(phase["kernels"] for phase in summary["phases"].values())
+    binding = max(roofs, key=lambda roof: roofs[roof])
+    return [
+        f"compute priced from the {name} profile (roofline, e = {e:g}; {summary['model']} {gflop:.3g} GFLOP per sample "
+        f"forward+backward): not measured",
+        f"one micro-step of {plan} on {name}: its FLOPs need {roofs['flops'] * 1e3:.3g} ms, its memory traffic "
+        f"{roofs['memory'] * 1e3:.3g} ms, issuing its {kernels} kernels {roofs['launch'] * 1e3:.3g} ms at "
+        f"{summary['launch_us']:g} µs each: {_BOUND[binding]}",
+    ]

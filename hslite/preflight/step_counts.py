@@ -1,0 +1,108 @@
+"""FLOPs and kernel launches of one training step of the model itself, counted on this CPU (DESIGN §3, what-if).
+
+FLOPs come from `torch.utils.flop_counter.FlopCounterMode`: matmuls and convolutions, forward and backward;
+elementwise ops count 0 there, and the memory roof prices them instead (`roofline.py`). They are counted at two small
+batches, so FLOPs(b) = c0 + c1·b holds exactly for models whose work is per sample, whatever batch is priced.
+Kernels are the aten ops a step dispatches that launch one on a GPU (views, detach, allocations and host-side scalars
+left out): what an eager step issues, a lower bound since cuDNN may launch several per convolution. AdamW runs with
+foreach=True, its CUDA default, so its step counts as it would on a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
+
+from hslite.cache import read_cache, write_cache
+from hslite.preflight.measurements import StepCounts
+from hslite.preflight.timers import autocast
+
+COUNT_BATCHES = (2, 4)  # BatchNorm in training needs 2 samples; FLOPs are linear in b, so small batches suffice
+_NO_KERNEL = {
+    torch.ops.aten.detach,
+    torch.ops.aten.empty,
+    torch.ops.aten.empty_like,
+    torch.ops.aten.empty_strided,
+    torch.ops.aten.lift_fresh,
+    torch.ops.aten._local_scalar_dense,  # .item() of AdamW's step counters, which live on the host
+}
+
+
+class KernelCounter(TorchDispatchMode):
+    """Counts the aten ops dispatched inside it that launch a kernel on a GPU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kernels = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if not func.is_view and func.namespace != "profiler" and func.overloadpacket not in _NO_KERNEL:
+            self.kernels += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_step(
+    model_factory: Callable[[], nn.Module],
+    make_batch: Callable[[int], tuple[Tensor, Tensor]],
+    *,
+    precision: str,
+    tokenizer_modules: tuple[str, ...] = (),
+    loss_fn: Callable[[Tensor, Tensor], Tensor] = nn.functional.cross_entropy,
+    cache_key: str | None = None,
+    fresh: bool = False,
+) -> StepCounts:
+    """FLOPs per phase (c0 + c1·b), kernels per phase and input bytes of one training step, under the plan's autocast.
+
+    `tokenizer_modules` (as in `named_modules()`) also give their share of forward FLOPs, which channel groups divide.
+    Cached like the probe when `cache_key` is given (a bf16 count takes seconds on an AVX2 CPU); `fresh=True` recounts.
+    """
+    key = {"cache_key": cache_key, "precision": precision, "tokenizer_modules": list(tokenizer_modules),
+           "torch": torch.__version__}  # fmt: skip
+    cached = None if cache_key is None or fresh else read_cache("step_counts", key)
+    if cached is not None:
+        return StepCounts(**cached)
+    dev = torch.device("cpu")
+    torch.manual_seed(0)
+    model = model_factory().train()
+    optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
+    flops: dict[int, tuple[float, float]] = {}
+    tokenizer_flops = 0.0
+    for batch_size in COUNT_BATCHES:
+        x, y = make_batch(batch_size)
+        forward_counter, forward_kernels = FlopCounterMode(display=False), KernelCounter()
+        with forward_counter, forward_kernels, autocast(precision, dev):
+            loss = loss_fn(model(x), y)
+        backward_counter, backward_kernels = FlopCounterMode(display=False), KernelCounter()
+        with backward_counter, backward_kernels:
+            loss.backward()
+        optimizer.step()  # the first step makes AdamW's state; the counted one below is a steady-state step
+        optimizer_kernels = KernelCounter()
+        with optimizer_kernels:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        flops[batch_size] = (float(forward_counter.get_total_flops()), float(backward_counter.get_total_flops()))
+        by_module = forward_counter.get_flop_counts()
+        prefix = type(model).__name__
+        tokenizer_flops = sum(sum(by_module.get(f"{prefix}.{name}", {}).values()) for name in tokenizer_modules)
+    (b1, (f1, g1)), (b2, (f2, g2)) = sorted(flops.items())
+    counts = StepCounts(
+        model=type(model).__name__,
+        precision=precision,
+        forward_flops_per_sample=(f2 - f1) / (b2 - b1),
+        forward_flops_fixed=max(0.0, f1 - (f2 - f1) / (b2 - b1) * b1),
+        backward_flops_per_sample=(g2 - g1) / (b2 - b1),
+        backward_flops_fixed=max(0.0, g1 - (g2 - g1) / (b2 - b1) * b1),
+        forward_kernels=forward_kernels.kernels,
+        backward_kernels=backward_kernels.kernels,
+        optimizer_kernels=optimizer_kernels.kernels,
+        input_bytes_per_sample=x.numel() * x.element_size() // b2 + y.numel() * y.element_size() // b2,
+        tokenizer_flops_fraction=tokenizer_flops / f2 if tokenizer_modules and f2 > 0 else None,
+    )
+    if cache_key is not None:
+        write_cache("step_counts", key, counts.to_dict())
+    return counts

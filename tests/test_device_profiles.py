@@ -1,0 +1,188 @@
+"""GPU device profiles: what-if pricing of GPUs that are not here with compute from a datasheet's roofline."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from hslite.cli import main
+from hslite.config import load_config
+from hslite.errors import ConfigError
+from hslite.preflight.device_profile import DEFAULT_EFFICIENCY, DeviceProfile, list_devices, load_device
+from hslite.preflight.measurements import Footprint, ProbeResult, StepCounts
+from hslite.preflight.roofline import profile_probe, roofline_seconds
+from hslite.preflight.step_counts import count_step
+
+pytestmark = pytest.mark.timeout(300)
+IP8_HERE = ["recipe=indian_pines_8gpu", "data.scene=synthetic_indian_pines"]  # same shapes as Indian Pines, offline
+PRICE_ON_H100 = ["preflight.device=h100_sxm", "preflight.topology=nvlink_8", "--json"]
+FIGURES = ("memory_gib", "memory_gbps", "fp32_tflops", "bf16_tflops", "host_gbps")
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    """Counts and probes go to a cache of the test's own."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
+@pytest.fixture
+def no_gpu_here(monkeypatch):
+    """This box has no GPU, whatever box runs the test, and nothing times this CPU's compute for a GPU plan."""
+    from hslite import gate
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the probe timed this CPU for a GPU plan")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(gate, "probe_for_plans", refuse)
+    monkeypatch.setattr(gate, "measure_step_overhead", lambda plan, classes, fresh=False: 2e-3)  # host loop, stubbed
+
+
+def test_every_shipped_profile_has_all_figures_each_cited():
+    assert {"h100_sxm", "h200", "a100_40gb", "a100_80gb", "l40s", "rtx_4090", "mi250x"} <= set(list_devices())
+    for name in list_devices():
+        profile = load_device(name)
+        assert all(getattr(profile, figure) > 0 for figure in FIGURES), name
+        assert all(profile.source.get(figure) for figure in FIGURES), name
+        assert any(cite.startswith("https://") for cite in profile.source.values()), f"{name}: no datasheet URL"
+        assert profile.efficiency == DEFAULT_EFFICIENCY and profile.bf16_tflops > profile.fp32_tflops
+    h100, h200 = load_device("h100_sxm"), load_device("h200")
+    assert (h100.fp32_tflops, h100.bf16_tflops, h100.memory_gbps) == (66.9, 989.4, 3350.0)  # dense, plain FP32
+    assert (h200.fp32_tflops, h200.bf16_tflops) == (h100.fp32_tflops, h100.bf16_tflops) and h200.memory_gbps == 4800
+    assert h100.peak_flops("32-true") == pytest.approx(66.9e12)
+    assert h100.peak_flops("bf16-mixed") == h100.peak_flops("16-mixed") == pytest.approx(989.4e12)
+
+
+def test_unknown_device_is_a_config_error_listing_the_profiles():
+    with pytest.raises(ConfigError, match="unknown preflight.device 'h100'.*h100_sxm.*rtx_4090"):
+        load_device("h100")
+    with pytest.raises(ConfigError, match="device_efficiency"):
+        load_config(None, ["preflight.device_efficiency=1.5"])
+
+
+def test_unknown_device_on_the_command_line_exits_2(capsys):
+    assert main(["preflight", *IP8_HERE, "preflight.device=h100", "preflight.topology=nvlink_8"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown preflight.device 'h100'" in err and "h100_sxm" in err and "Traceback" not in err
+
+
+def test_flops_of_two_linear_layers_forward_and_backward():
+    def model() -> nn.Module:
+        return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
+
+    def make_batch(b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(b, 64), torch.randint(0, 10, (b,))
+
+    counts = count_step(model, make_batch, precision="32-true")
+    # Forward 2·in·out per sample and layer. Backward: the input's gradient and the weight's, 2·in·out each, except
+    # in the first layer, whose input (the batch) needs none: 3× forward for every layer but the first.
+    assert counts.forward_flops_per_sample == 2 * (64 * 256 + 256 * 10)
+    assert counts.backward_flops_per_sample == 2 * 64 * 256 + 2 * 2 * 256 * 10
+    assert counts.forward_flops_fixed == counts.backward_flops_fixed == 0
+    assert counts.forward_flops(32) == 32 * counts.forward_flops_per_sample
+    assert counts.forward_kernels >= 3 and counts.backward_kernels >= 3 and counts.optimizer_kernels >= 1
+    assert counts.input_bytes_per_sample == 64 * 4 + 8  # fp32 features, int64 label
+    assert counts.model == "Sequential"
+
+
+def _profile(**figures: float) -> DeviceProfile:
+    base = {"memory_gib": 1.0, "memory_gbps": 1000.0, "fp32_tflops": 10.0, "bf16_tflops": 100.0, "host_gbps": 10.0}
+    return DeviceProfile(name="test", device_name="Test GPU", source={}, **{**base, **figures})
+
+
+def test_roofline_is_the_slowest_of_flops_bytes_and_launches():
+    gpu = _profile(efficiency=0.5, launch_us=10.0)
+    assert roofline_seconds(1e12, 0, 0, gpu, "32-true") == pytest.approx(1e12 / (10e12 * 0.5))  # 0.2 s of FLOPs
+    assert roofline_seconds(1e12, 0, 0, gpu, "bf16-mixed") == pytest.approx(1e12 / (100e12 * 0.5))
+    assert roofline_seconds(1e6, 1e9, 0, gpu, "32-true") == pytest.approx(1e9 / (1000e9 * 0.5))  # 2 ms of bytes
+    assert roofline_seconds(1e6, 1e3, 50, gpu, "32-true") == pytest.approx(50 * 10e-6)  # 0.5 ms of launches
+
+
+def test_a_profile_probe_prices_each_phase_from_the_model_sizes():
+    sizes = Footprint(batch_size=32, precision="32-true", device="cpu", param_count=1_000_000, param_bytes=4_000_000,
+                      grad_bytes=4_000_000, optimizer_bytes=8_000_000, activation_bytes=32_000_000,
+                      peak_bytes=0)  # fmt: skip
+    counts = StepCounts(model="M", precision="32-true", forward_flops_per_sample=1e9, forward_flops_fixed=0.0,
+                        backward_flops_per_sample=2e9, backward_flops_fixed=0.0, forward_kernels=20,
+                        backward_kernels=40, optimizer_kernels=2, input_bytes_per_sample=1000)  # fmt: skip
+    gpu = _profile(efficiency=0.5, launch_us=10.0)
+    probe = profile_probe(64, sizes, counts, gpu, gather_seconds=1e-3)
+    assert isinstance(probe, ProbeResult) and probe.batch_size == 64 and probe.device == "profile:test"
+    assert probe.forward_seconds == pytest.approx(64e9 / 5e12)  # FLOPs bind: 12.8 ms against 0.14 ms of bytes
+    assert probe.backward_seconds == pytest.approx(128e9 / 5e12)
+    # AdamW reads params, grads and both moments, writes params and moments; no FLOPs counted; bytes bind
+    assert probe.optimizer_seconds == pytest.approx((2 * 4e6 + 4e6 + 2 * 8e6) / 500e9)
+    assert probe.data_seconds == pytest.approx(1e-3 + 64 * 1000 / 10e9)
+    assert probe.activation_bytes == 64_000_000 and probe.peak_bytes == 4e6 + 4e6 + 8e6 + 64e6
+    assert probe.compute_c0_seconds == pytest.approx(0, abs=1e-9)  # all work per sample: T = c1·b
+    assert probe.compute_c1_seconds_per_sample == pytest.approx(3e9 / 5e12)
+
+
+def test_efficiency_can_be_set_from_the_config():
+    from hslite.gate import _device_profile
+
+    cfg = load_config(None, ["preflight.device=h200", "preflight.device_efficiency=0.6"])
+    assert _device_profile(cfg).efficiency == 0.6
+    assert _device_profile(load_config(None, ["preflight.device=h200"])).efficiency == DEFAULT_EFFICIENCY
+
+
+def _check_priced_from_the_profile(report: dict, code: int) -> None:
+    assert code in (0, 3) and report["decision"] in ("GO", "NO-GO") and report["exit_code"] == code
+    assert report["compute_source"] == "profile:h100_sxm" and report["compute_measured"] is False
+    assert report["efficiency"] is not None and report["best_single"] is not None
+    used = report["compute_profile"]
+    assert used["model"] == "HybridSN" and used["efficiency"] == DEFAULT_EFFICIENCY
+    assert 1e8 < used["flops_per_sample"] < 1e11
+    assert used["peak_flops"] == pytest.approx(989.4e12)  # the recipe's bf16-mixed is priced at the bf16 peak
+    assert report["reasons"][0].startswith("compute priced from the h100_sxm profile (roofline, e = 0.35; HybridSN ")
+    assert report["reasons"][0].endswith("GFLOP per sample forward+backward): not measured")
+    assert any("device memory (79.1 GiB) from the h100_sxm profile" in reason for reason in report["reasons"])
+    assert report["requested_prediction"]["memory_budget_bytes"] == load_device("h100_sxm").memory_bytes
+    assert all(row["step_seconds"] > 0 for row in report["rows"])
+
+
+def test_gpus_not_here_get_a_verdict_from_a_device_profile(capsys, no_gpu_here):
+    code = main(["preflight", *IP8_HERE, *PRICE_ON_H100])
+    _check_priced_from_the_profile(json.loads(capsys.readouterr().out), code)
+
+
+@pytest.mark.realdata
+def test_indian_pines_on_8_h100s_gets_a_verdict_from_the_profile(capsys, no_gpu_here, shared_data):
+    from hslite.datasets.scenes import get_scene_spec
+
+    cube = shared_data / "indian_pines" / get_scene_spec("indian_pines").cube_file.name
+    if not cube.is_file():
+        pytest.skip(f"the Indian Pines cube {cube.name} is not in {cube.parent} (too big for shared/data, its README)")
+    code = main(["preflight", "recipe=indian_pines_8gpu", f"data.root={shared_data}", *PRICE_ON_H100])
+    _check_priced_from_the_profile(json.loads(capsys.readouterr().out), code)
+
+
+def _measured_probe(plan) -> ProbeResult:
+    return ProbeResult(
+        forward_seconds=1e-3, backward_seconds=2e-3, optimizer_seconds=1e-4, data_seconds=1e-4, batch_size=64,
+        precision=plan.precision, threads=1, device="cuda:0", param_count=60_000, param_bytes=240_000,
+        grad_bytes=240_000, optimizer_bytes=480_000, activation_bytes=1_000_000, peak_bytes=2_000_000,
+        compute_c0_seconds=1e-3, compute_c1_seconds_per_sample=3e-5,
+    )  # fmt: skip
+
+
+def test_gpus_that_are_here_are_measured_and_the_profile_is_not_used(capsys, monkeypatch):
+    from hslite import gate
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(gate, "visible_devices", lambda accelerator: 2)
+    monkeypatch.setattr(gate, "probe_for_plans", lambda *args, **kwargs: _measured_probe)
+    monkeypatch.setattr(gate, "measure_step_overhead", lambda plan, classes, fresh=False: 1e-3)
+    gpus_here = ["recipe=quickstart", "parallel.accelerator=gpu", "parallel.devices=2"]
+    main(["preflight", *gpus_here, *PRICE_ON_H100])
+    report = json.loads(capsys.readouterr().out)
+    assert report["compute_source"] == "measured" and report["compute_profile"] is None
+    assert any(
+        "preflight.device=h100_sxm not used: compute measured on this box's NVIDIA H100 80GB HBM3, which takes "
+        "precedence" in reason
+        for reason in report["reasons"]
+    )
