@@ -157,6 +157,7 @@ def preflight_check(
         "fresh": cfg.preflight.fresh,
         "steps": cfg.preflight.probe_steps,
         "measure_compression": plan.compression_enabled,
+        "measure_fsdp": plan.fsdp,
     }
     probe_kwargs.update(tokenizer)
     notes = [f"links and device memory from the topology profile {cfg.preflight.topology!r}"] if topology else []

@@ -15,6 +15,8 @@ from torch import nn
 from torchmetrics import Metric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassCohenKappa, MulticlassConfusionMatrix
 
+from hslite.optim import adamw
+
 if TYPE_CHECKING:
     from hslite.parallel.channel_groups import ChannelGroups
     from hslite.parallel.rotation import RotationSchedule
@@ -164,7 +166,7 @@ class HSIClassifier(pl.LightningModule):
         return self(x).argmax(dim=1)
 
     def configure_optimizers(self):  # noqa: D102 - Lightning hook
-        optimizer = torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+        optimizer = adamw(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
         total_steps = max(1, int(self.trainer.estimated_stepping_batches))
         epochs = max(1, self.trainer.max_epochs or 1)
         warmup_steps = min(total_steps // 2, self.warmup_epochs * math.ceil(total_steps / epochs))

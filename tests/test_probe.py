@@ -116,3 +116,28 @@ def test_cpu_ranks_contention_is_measured_with_the_ranks_stepping_at_once():
     assert ProbeResult.from_dict(result.to_dict()) == result
     alone = probe_model(linear_stack, make_batch, batch_size=8, precision="32-true", threads=1, steps=1)
     assert alone.contention is None and alone.contention_ranks == 1
+
+
+def test_fsdp_overhead_is_measured_on_a_one_rank_group_and_priced_per_micro_step():
+    from hslite.models import get_model
+    from hslite.preflight import costmodel
+    from hslite.preflight.measurements import LinkModel
+
+    def factory() -> nn.Module:
+        return get_model("cnn1d", in_bands=32, num_classes=4, patch_size=1)
+
+    def batch(b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(b, 32, 1, 1), torch.randint(0, 4, (b,))
+
+    result = probe_model(factory, batch, batch_size=16, precision="32-true", measure_fsdp=True)
+    assert result.fsdp_units == 2  # fc_hidden and the root
+    assert result.fsdp_micro_overhead_seconds >= 0 and result.fsdp_optimizer_overhead_seconds >= 0
+    assert not torch.distributed.is_initialized()  # the probe's one-rank group is gone again
+    fixed = ProbeResult.from_dict({**result.to_dict(), "fsdp_micro_overhead_seconds": 0.01,
+                                   "fsdp_optimizer_overhead_seconds": 0.02})  # fmt: skip
+    link = LinkModel(1e-4, 1e12)
+    plain = costmodel.predict(Plan(devices=2, batch_size=16, accumulate=2), fixed, link, 2**34)
+    sharded = costmodel.predict(Plan(devices=2, batch_size=16, accumulate=2, fsdp=True), fixed, link, 2**34)
+    assert sharded.compute_seconds - plain.compute_seconds == pytest.approx(
+        (2 * 0.01 + 0.02 - fixed.optimizer_seconds / 2) * sharded.oversubscription, rel=1e-6
+    )

@@ -28,7 +28,8 @@ UNITS: dict[type[nn.Module], tuple[str, ...]] = {
     CNN3D: ("conv2", "fc"),  # the widest convolution and the classifier (92 %)
     HybridSN: ("conv3d", "conv2d", "fc"),  # fc[0] alone is 90 % of HybridSN
     SpectralFormer: ("layers", "skipcat"),
-    ChannelViT: ("partial_aggregation", "final_aggregation", "encoder"),
+    # partial_aggregation runs once per band group: as a unit it would be gathered G times forward and backward
+    ChannelViT: ("final_aggregation", "encoder"),
 }
 PREFETCHED_UNITS = 2  # FSDP2 gathers the next unit while one runs: two units are whole at once
 
@@ -44,6 +45,11 @@ def units(model: nn.Module) -> list[nn.Module]:
         child = getattr(model, name)
         out += list(child) if isinstance(child, nn.ModuleList) else [child]
     return out
+
+
+def unit_count(model: nn.Module) -> int:
+    """FSDP units `shard_model` makes of `model`, the root included: each gathers and reduce-scatters on its own."""
+    return len(units(model)) + 1
 
 
 def gathered_param_bytes(model: nn.Module) -> int:

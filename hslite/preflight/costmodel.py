@@ -114,6 +114,9 @@ def _compute_seconds(plan: Plan, probe: ProbeResult, chag: int, shards: int) -> 
     backward_share = probe.backward_seconds / max(probe.forward_seconds + probe.backward_seconds, 1e-12)
     data_seconds = probe.data_seconds * plan.batch_size / probe.batch_size
     optimizer_seconds = probe.optimizer_seconds / shards  # under FSDP each rank steps only its shard
+    if shards > 1:  # FSDP's own hooks and DTensor dispatch do not shrink with the shard (measured on one rank)
+        fb_seconds += probe.fsdp_micro_overhead_seconds or 0.0
+        optimizer_seconds += probe.fsdp_optimizer_overhead_seconds or 0.0
     return plan.accumulate * (fb_seconds + data_seconds) + optimizer_seconds, fb_seconds * backward_share
 
 
@@ -165,6 +168,8 @@ def predict(
             per_byte = DEFAULT_COMPRESS_SECONDS_PER_BYTE[plan.accelerator]
             notes.append(f"int8 quantise cost not measured: {plan.accelerator} default {per_byte:.0e} s/byte used")
         exposed_seconds += per_byte * probe.grad_bytes
+    if plan.fsdp and plan.dp > 1 and probe.fsdp_micro_overhead_seconds is None:
+        notes.append("FSDP's own per-unit cost not measured (the probe ran without measure_fsdp): comm only")
     if plan.rotation_enabled and (probe.chag_fraction is None or not probe.band_groups):
         notes.append("rotation not priced: the probe did not measure the tokenizer share or band groups")
 
@@ -220,6 +225,8 @@ def comm_seconds(
         # (Lightning does not skip the gradient sync of FSDP2 between accumulated micro-batches).
         per_micro_step = 2 * allgather_seconds(sizes.param_bytes, plan.dp, link, ring_factor_exact=exact)
         per_micro_step += reduce_scatter_seconds(sizes.grad_bytes, plan.dp, link, ring_factor_exact=exact)
+        # Each unit gathers twice and reduce-scatters once on its own: the latency is paid per unit
+        per_micro_step += 3 * ((sizes.fsdp_units or 1) - 1) * (plan.dp - 1) * link.alpha_seconds
         exposed_seconds = max(0.0, plan.accumulate * per_micro_step - link.overlap * backward_seconds)
     elif plan.world_size > 1:  # DDP spans every rank: channel-group ranks hold shares of one gradient
         seconds = allreduce_seconds(

@@ -33,6 +33,7 @@ class Footprint:
     group_token_bytes_per_sample: int | None = None  # tokenizer output (G × D elements) per sample
     band_group_sizes: list[int] | None = None  # bands in each of the G groups (channel groups, rotation)
     fsdp_gathered_bytes: int | None = None  # parameter bytes whole at once under FSDP (fsdp_policy); None: no policy
+    fsdp_units: int | None = None  # FSDP units, the root included: each gathers and reduce-scatters on its own
 
     @property
     def band_groups(self) -> int | None:
@@ -64,6 +65,9 @@ class ProbeResult(Footprint):
     compress_seconds_per_byte: float | None = None  # int8 quantise + dequantise per fp32 gradient byte
     chag_fraction: float | None = None  # share of forward time in the tokenizer module
     contention: float | None = None  # CPU: times slower a step runs with `contention_ranks` ranks at once
+    # FSDP2's own cost on one rank (hooks, copy-in/out, DTensor dispatch) beyond the plain step; None: not measured
+    fsdp_micro_overhead_seconds: float | None = None  # per micro-step, forward + backward
+    fsdp_optimizer_overhead_seconds: float | None = None  # per optimiser step
     contention_ranks: int = 1
 
 

@@ -18,13 +18,14 @@ from torch import Tensor, nn
 
 from hslite.cache import read_cache, write_cache
 from hslite.errors import ConfigError
+from hslite.optim import adamw
 from hslite.parallel.plan import PRECISIONS, Plan, threads_per_process
 from hslite.preflight.activations import SavedTensorCounter, measure_tokenizer
 from hslite.preflight.formulas import fit_compute_model
 from hslite.preflight.measurements import Footprint, ProbeResult
 from hslite.preflight.timers import autocast, intervals_seconds, mark, wall_seconds
 
-PROBE_FIELDS_VERSION = 2  # bump when ProbeResult gains a measured field, so cached probes are re-measured
+PROBE_FIELDS_VERSION = 3  # bump when ProbeResult gains a measured field, so cached probes are re-measured
 COMPRESSION_PROBE_MAX_ELEMENTS = 1 << 24  # 64 MB of fp32 is enough to reach the per-byte rate; bigger only costs time
 
 
@@ -35,7 +36,7 @@ def probe_for_plans(
 
     GPU plans are probed on cuda:0, CPU plans with the threads one rank gets and with the plan's ranks stepping at
     once, for their contention (`measure_contention`). `probe_kwargs` go to `probe_model`
-    (cache_key, fresh, steps, measure_compression, tokenizer_modules, band_group_sizes, ...).
+    (cache_key, fresh, steps, measure_compression, measure_fsdp, tokenizer_modules, band_group_sizes, ...).
     """
 
     def probe_for(plan: Plan) -> ProbeResult:
@@ -60,6 +61,7 @@ def probe_model(
     cache_key: str | None = None,
     fresh: bool = False,
     measure_compression: bool = False,
+    measure_fsdp: bool = False,
     tokenizer_modules: tuple[str, ...] = (),
     band_group_sizes: list[int] | None = None,
     loss_fn: Callable[[Tensor, Tensor], Tensor] = nn.functional.cross_entropy,
@@ -91,6 +93,7 @@ def probe_model(
         "device": _device_label(dev),
         "threads": torch.get_num_threads(),
         "measure_compression": measure_compression,
+        "measure_fsdp": measure_fsdp,
         "tokenizer_modules": list(tokenizer_modules),
         "band_group_sizes": band_group_sizes,
         "concurrent_ranks": concurrent_ranks if dev.type == "cpu" else 1,
@@ -114,6 +117,10 @@ def probe_model(
         )
         if measure_compression:
             result.compress_seconds_per_byte = _int8_seconds_per_byte(result.param_count, dev)
+        overhead = measure_fsdp_overhead(model_factory, make_batch(batch_size), result, loss_fn, warmup, steps) \
+            if measure_fsdp else None  # fmt: skip
+        if overhead is not None:
+            result.fsdp_micro_overhead_seconds, result.fsdp_optimizer_overhead_seconds = overhead
         if tokenizer_modules:
             names = tuple(tokenizer_modules)
             result.chag_fraction = measure_tokenizer(result, model_factory, make_batch, names, precision, dev, loss_fn)
@@ -200,7 +207,7 @@ def _contention_rank(
 ) -> None:
     torch.set_num_threads(threads)
     dev = torch.device("cpu")
-    optimizer = torch.optim.AdamW(model.parameters())
+    optimizer = adamw(model.parameters())
     for _ in range(warmup):
         _timed_step(model, optimizer, *batch, precision, dev, loss_fn)
     barrier.wait()
@@ -228,7 +235,7 @@ def _measure(
 ) -> ProbeResult:
     torch.manual_seed(0)
     model = model_factory().to(dev).train()
-    optimizer = torch.optim.AdamW(model.parameters())
+    optimizer = adamw(model.parameters())
 
     def batch_on_device(b: int) -> tuple[Tensor, Tensor]:
         x, y = make_batch(b)
@@ -297,7 +304,7 @@ def measure_footprint(
     dev = torch.device("cpu")
     torch.manual_seed(0)
     model = model_factory().train()
-    optimizer = torch.optim.AdamW(model.parameters())
+    optimizer = adamw(model.parameters())
     x, y = make_batch(2)
     with autocast(precision, dev):
         loss = loss_fn(model(x), y)
@@ -333,17 +340,57 @@ def _sizes(
             t for state in optimizer.state.values() for t in state.values() if torch.is_tensor(t)
         ),
         "activation_bytes": counter.total_bytes,
-        "fsdp_gathered_bytes": _fsdp_gathered_bytes(model),
+        **_fsdp_sizes(model),
     }
 
 
-def _fsdp_gathered_bytes(model: nn.Module) -> int | None:
-    from hslite.parallel.fsdp_policy import gathered_param_bytes
+def _fsdp_sizes(model: nn.Module) -> dict[str, int | None]:
+    from hslite.parallel.fsdp_policy import gathered_param_bytes, unit_count
 
     try:
-        return gathered_param_bytes(model)
+        return {"fsdp_gathered_bytes": gathered_param_bytes(model), "fsdp_units": unit_count(model)}
     except TypeError:  # no wrapping policy for this module: FSDP cannot shard it
+        return {"fsdp_gathered_bytes": None, "fsdp_units": None}
+
+
+def measure_fsdp_overhead(
+    model_factory: Callable[[], nn.Module],
+    batch: tuple[Tensor, Tensor],
+    plain: ProbeResult,
+    loss_fn: Callable[..., Tensor] = nn.functional.cross_entropy,
+    warmup: int = 2,
+    steps: int = 5,
+) -> tuple[float, float] | None:
+    """FSDP2's own seconds per micro-step and per optimiser step on one rank, beyond `plain`'s step.
+
+    The model is sharded over a one-rank process group, so its collectives are copies and what is timed is what
+    FSDP adds at any world size: unit hooks, gathering into and out of flat buffers, DTensor dispatch in AdamW
+    (2-3× the plain step for the small channel ViT on CPU). None when a process group already exists here.
+    """
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from hslite.parallel.fsdp_policy import shard_model
+
+    if dist.is_initialized():
         return None
+    dev = torch.device(plain.device.split(" ")[0])
+    backend = "nccl" if dev.type == "cuda" else "gloo"
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = model_factory().to(dev).train()
+        shard_model(model, init_device_mesh(dev.type, (1,)), plain.precision)
+        optimizer = adamw(model.parameters())
+        x, y = (t.to(dev) for t in batch)
+        for _ in range(warmup):
+            _timed_step(model, optimizer, x, y, plain.precision, dev, loss_fn)
+        timed = [_timed_step(model, optimizer, x, y, plain.precision, dev, loss_fn) for _ in range(steps)]
+    finally:
+        dist.destroy_process_group()
+    forward, backward, step = (statistics.median(column) for column in zip(*timed, strict=True))
+    micro = forward + backward - plain.forward_seconds - plain.backward_seconds
+    return max(0.0, micro), max(0.0, step - plain.optimizer_seconds)
 
 
 def _unique_bytes(tensors: Iterator[Tensor]) -> int:

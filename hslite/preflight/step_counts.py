@@ -4,8 +4,8 @@ FLOPs come from `torch.utils.flop_counter.FlopCounterMode`: matmuls and convolut
 elementwise ops count 0 there, and the memory roof prices them instead (`roofline.py`). They are counted at two small
 batches, so FLOPs(b) = c0 + c1·b holds exactly for models whose work is per sample, whatever batch is priced.
 Kernels are the aten ops a step dispatches that launch one on a GPU (views, detach, allocations and host-side scalars
-left out): what an eager step issues, a lower bound since cuDNN may launch several per convolution. AdamW runs with
-foreach=True, its CUDA default, so its step counts as it would on a GPU.
+left out): what an eager step issues, a lower bound since cuDNN may launch several per convolution. AdamW is the one
+`fit` trains with (`hslite.optim`, foreach kernels, CUDA's default too), so its step counts as it would on a GPU.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from hslite.cache import read_cache, write_cache
+from hslite.optim import adamw
 from hslite.preflight.measurements import StepCounts
 from hslite.preflight.timers import autocast
 
@@ -69,7 +70,7 @@ def count_step(
     dev = torch.device("cpu")
     torch.manual_seed(0)
     model = model_factory().train()
-    optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
+    optimizer = adamw(model.parameters())
     flops: dict[int, tuple[float, float]] = {}
     tokenizer_flops = 0.0
     for batch_size in COUNT_BATCHES:
