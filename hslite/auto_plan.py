@@ -31,7 +31,7 @@ from hslite.errors import ConfigError
 from hslite.gate import PreflightRefused, preflight_check
 from hslite.parallel.plan import Plan, check_visible, startable_devices
 from hslite.parallel.rank_setup import quiet_lightning
-from hslite.preflight.verdict import Verdict, decide, gib
+from hslite.preflight.verdict import CLEARLY_FASTER, Verdict, decide, gib
 
 
 @dataclass
@@ -82,11 +82,25 @@ def choose_plan(cfg: Config) -> PlanChoice:
     groups = band_groups_for(cfg, datamodule, model)
     trainable = {p: pred for p, pred in priced.predictions.items() if _splits(p, model, groups)}
     search = decide(requested, trainable, priced.min_efficiency)
-    chosen = search.best_passing
-    if chosen is None:
+    if search.best_passing is None:
         raise PreflightRefused(f"parallel.plan=auto found no plan that fits and passes: {'; '.join(search.reasons)}.")
+    chosen = fewest_devices_near_best(search)
     verdict = decide(chosen, trainable, priced.min_efficiency)
     return PlanChoice(config_for_plan(cfg, chosen), search, verdict, explain(search, chosen, most))
+
+
+def fewest_devices_near_best(search: Verdict) -> Plan:
+    """The passing plan on the fewest devices whose predicted throughput is within CLEARLY_FASTER of the best's.
+
+    A gain smaller than the pre-flight's own error (median ~10 % against real fits) is no reason to take more
+    devices: they are the ones that wait on each other when the prediction was optimistic.
+    """
+    assert search.best_passing is not None
+    plans = {plan.describe(): plan for plan in search.predictions}
+    passing = [plans[str(row["plan"])] for row in search.rows if row["passes"]]
+    fastest = search.predictions[search.best_passing].samples_per_second
+    near = [p for p in passing if CLEARLY_FASTER * search.predictions[p].samples_per_second >= fastest]
+    return min(near, key=lambda p: (p.world_size, -search.predictions[p].samples_per_second))
 
 
 def _splits(plan: Plan, model: nn.Module, groups: list[tuple[int, int]]) -> bool:
@@ -118,8 +132,8 @@ def explain(search: Verdict, chosen: Plan, most_devices: int) -> str:
     efficiency = next(row["efficiency"] for row in search.rows if row["plan"] == chosen.describe())
     text = [
         f"parallel.plan=auto priced {len(predictions)} plans for the recipe's global batch of {requested.global_batch} "
-        f"on 1 to {most_devices} {devices} ({kinds}); {len(passing)} fit in memory and pass the gate. It trains the "
-        f"fastest of them, {chosen.describe()}: predicted {pred.step_seconds * 1e3:.3g} ms per optimiser step, "
+        f"on 1 to {most_devices} {devices} ({kinds}); {len(passing)} fit in memory and pass the gate. It trains "
+        f"{chosen.describe()}, {_why(search, chosen)}: predicted {pred.step_seconds * 1e3:.3g} ms per optimiser step, "
         f"{pred.samples_per_second:.4g} samples/s ({pred.ecd:.4g} per device, E = {efficiency:.2f}), "
         f"{gib(pred.per_device_peak_bytes)} per device of {gib(pred.memory_budget_bytes)}."
     ]
@@ -131,8 +145,22 @@ def explain(search: Verdict, chosen: Plan, most_devices: int) -> str:
             f"The recipe's own {requested.describe()} is predicted {slower:.2f}× slower per step "
             f"(its pre-flight: {search.decision}, {search.reasons[0]})."
         )
+    best = search.best_passing
+    if best is not None and best != chosen:
+        text.append(
+            f"The fastest, {best.describe()}, is predicted only "
+            f"{predictions[best].samples_per_second / pred.samples_per_second - 1:.0%} faster on {best.world_size} "
+            f"devices: less than the {CLEARLY_FASTER - 1:.0%} a prediction must clear to be worth more devices."
+        )
+        return " ".join(text)
     runner_up = next((row for row in passing if row["plan"] != chosen.describe()), None)
     if runner_up is not None:
         slower = pred.samples_per_second / runner_up["samples_per_second"] - 1
         text.append(f"The next best, {runner_up['plan']}, is predicted {slower:.0%} slower.")
     return " ".join(text)
+
+
+def _why(search: Verdict, chosen: Plan) -> str:
+    if chosen == search.best_passing:
+        return "the fastest of them"
+    return f"the plan on the fewest devices within {CLEARLY_FASTER - 1:.0%} of the fastest"

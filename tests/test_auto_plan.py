@@ -7,7 +7,7 @@ import json
 import pytest
 import yaml
 
-from hslite.auto_plan import choose_plan, explain
+from hslite.auto_plan import choose_plan, explain, fewest_devices_near_best
 from hslite.build import config_for_plan, plan_from_config
 from hslite.config import load_config
 from hslite.errors import ConfigError
@@ -78,7 +78,7 @@ def test_auto_trains_the_fastest_passing_plan_the_model_can_run_and_records_why(
     choice = json.loads((result.run_dir / "plan_choice.json").read_text())
     assert choice["chosen"] == FASTER.describe() and choice["search"]["requested"] == REQUESTED.describe()
     assert choice["paragraph"] in capsys.readouterr().out
-    assert f"It trains the fastest of them, {FASTER.describe()}" in choice["paragraph"]
+    assert f"It trains {FASTER.describe()}, the fastest of them" in choice["paragraph"]
     assert "priced 3 plans" in choice["paragraph"]  # the band-group plan the 1-D CNN cannot split is left out
     assert f"own {REQUESTED.describe()} is predicted 1.25× slower" in choice["paragraph"]
     assert "1×cpu dp1 b16 acc4 32-true, is predicted 15% slower" in choice["paragraph"]
@@ -112,3 +112,15 @@ def test_the_paragraph_names_what_was_priced_and_why_the_recipes_plan_lost():
     assert text.startswith("parallel.plan=auto priced 3 plans for the recipe's global batch of 64 on 1 to 4 CPU")
     assert "(one device, data parallelism, compressed all-reduce); 1 fit in memory and pass the gate" in text
     assert f"own {ddp.describe()} is predicted 4.00× slower per step (its pre-flight: NO-GO, predicted" in text
+
+
+def test_more_devices_must_be_predicted_clearly_faster_to_be_chosen():
+    ddp = Plan(devices=2, batch_size=32)
+    for ddp_seconds, chosen in ((0.0095, REQUESTED), (0.0080, ddp)):  # 5 % and 25 % more throughput on 2 devices
+        search = decide(REQUESTED, {REQUESTED: prediction(REQUESTED, 0.010), ddp: prediction(ddp, ddp_seconds)}, 0.1)
+        assert search.best_passing == ddp
+        assert fewest_devices_near_best(search) == chosen
+    search = decide(REQUESTED, {REQUESTED: prediction(REQUESTED, 0.010), ddp: prediction(ddp, 0.0095)}, 0.1)
+    text = explain(search, REQUESTED, 2)
+    assert f"It trains {REQUESTED.describe()}, the plan on the fewest devices within 10% of the fastest" in text
+    assert f"The fastest, {ddp.describe()}, is predicted only 5% faster on 2 devices" in text
