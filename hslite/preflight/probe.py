@@ -25,7 +25,7 @@ from hslite.preflight.formulas import fit_compute_model
 from hslite.preflight.measurements import Footprint, ProbeResult
 from hslite.preflight.timers import autocast, intervals_seconds, mark, wall_seconds
 
-PROBE_FIELDS_VERSION = 3  # bump when ProbeResult gains a measured field, so cached probes are re-measured
+PROBE_FIELDS_VERSION = 4  # bump when ProbeResult gains a measured field, so cached probes are re-measured
 COMPRESSION_PROBE_MAX_ELEMENTS = 1 << 24  # 64 MB of fp32 is enough to reach the per-byte rate; bigger only costs time
 
 
@@ -126,9 +126,11 @@ def probe_model(
             result.chag_fraction = measure_tokenizer(result, model_factory, make_batch, names, precision, dev, loss_fn)
             result.band_group_sizes = band_group_sizes
         if dev.type == "cpu" and concurrent_ranks > 1:
+            alone_seconds = result.forward_seconds + result.backward_seconds + result.optimizer_seconds
             result.contention = measure_contention(model_factory(), make_batch(batch_size), ranks=concurrent_ranks,
                                                    threads=torch.get_num_threads(), precision=precision,
-                                                   loss_fn=loss_fn, warmup=warmup, steps=steps)  # fmt: skip
+                                                   alone_seconds=alone_seconds, loss_fn=loss_fn, warmup=warmup,
+                                                   steps=steps)  # fmt: skip
             result.contention_ranks = concurrent_ranks
     finally:
         torch.set_num_threads(previous_threads)
@@ -166,6 +168,7 @@ def measure_contention(
     ranks: int,
     threads: int,
     precision: str,
+    alone_seconds: float,
     loss_fn: Callable[[Tensor, Tensor], Tensor] = nn.functional.cross_entropy,
     warmup: int = 2,
     steps: int = 5,
@@ -174,20 +177,19 @@ def measure_contention(
     """How many times slower a CPU rank's training step runs while `ranks` processes run it at once: at least 1.
 
     CPU ranks share more than cores: the L3 cache and the memory bandwidth. For the small channel ViT on a 2-core
-    EPYC this measured 1.2-1.9× with two 1-thread ranks (batch 64) and 2.4-3.0× with four, where the core count
-    alone says 1× and 2×; predictions from the rank alone were short by as much. So `ranks` spawned processes
-    with `threads` threads each time the probe's step for `window_seconds` at least (so that they overlap even when
-    a step takes a millisecond): rank 0 alone first while the others wait at a barrier, then all together. The
-    slowest rank's median together, which DDP waits for, over rank 0's alone is the factor: both are timed in
-    spawned processes, since the caller's own process (its heap, its caches) times the same step differently.
+    EPYC this measured 1.2-1.9× with two 1-thread ranks (batch 64, runs an hour apart) and about 3× with four,
+    where the core count alone says 1× and 2×; predictions from the rank alone were short by as much. So `ranks` spawned
+    processes with `threads` threads each start the probe's step together (a barrier after warm-up) and time
+    steps of it for `window_seconds` at least, so that they overlap even when a step takes a millisecond; the
+    slowest rank's median, which DDP waits for, over `alone_seconds` (the same step in one process with the same
+    threads) is the factor.
     """
     context = torch.multiprocessing.get_context("spawn")
     barrier, results = context.Barrier(ranks), context.SimpleQueue()
     args = (model, batch, threads, precision, loss_fn, warmup, steps, window_seconds, barrier, results)
     torch.multiprocessing.start_processes(_contention_rank, args=args, nprocs=ranks, start_method="spawn")
-    timed = [results.get() for _ in range(ranks)]  # (seconds alone, rank 0 only, or None; seconds together)
-    alone = next(seconds for seconds, _ in timed if seconds is not None)
-    return max(1.0, max(together for _, together in timed) / alone)
+    slowest = max(results.get() for _ in range(ranks))
+    return max(1.0, slowest / alone_seconds)
 
 
 def _contention_rank(
@@ -206,20 +208,14 @@ def _contention_rank(
     torch.set_num_threads(threads)
     dev = torch.device("cpu")
     optimizer = adamw(model.parameters())
-
-    def median_over_window() -> float:
-        timed: list[float] = []
-        end = time.monotonic() + window_seconds
-        while len(timed) < steps or time.monotonic() < end:
-            timed.append(sum(_timed_step(model, optimizer, *batch, precision, dev, loss_fn)))
-        return statistics.median(timed)
-
     for _ in range(warmup):
         _timed_step(model, optimizer, *batch, precision, dev, loss_fn)
     barrier.wait()
-    alone = median_over_window() if rank == 0 else None
-    barrier.wait()
-    results.put((alone, median_over_window()))
+    timed: list[float] = []
+    end = time.monotonic() + window_seconds
+    while len(timed) < steps or time.monotonic() < end:
+        timed.append(sum(_timed_step(model, optimizer, *batch, precision, dev, loss_fn)))
+    results.put(statistics.median(timed))
 
 
 def _device_label(dev: torch.device) -> str:
