@@ -8,6 +8,7 @@ a callable, so `preflight/` never builds a Trainer and never reads a Config.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from dataclasses import replace
@@ -87,6 +88,23 @@ def _absent(plan: Plan, have: int) -> str | None:
     return None
 
 
+def _keeps_rng(check: Callable[..., Verdict]) -> Callable[..., Verdict]:
+    """Run `check` on a fork of torch's random state, so that the training after it draws the same numbers.
+
+    A fresh probe seeds torch's generator and a cached one does not: Salinas-A's seed 0 scored 99.86 % after a fresh
+    probe and 99.44 % after a cached one.
+    """
+
+    @functools.wraps(check)
+    def with_own_rng(*args: Any, **kwargs: Any) -> Verdict:
+        devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+        with torch.random.fork_rng(devices=devices):
+            return check(*args, **kwargs)
+
+    return with_own_rng
+
+
+@_keeps_rng
 def preflight_check(
     cfg: Config,
     plan: Plan,

@@ -201,3 +201,17 @@ def test_no_measured_pair_when_the_guard_changed_the_plan_mid_run():
     assert relaxed["measured"] is None and relaxed["plan_that_ran"] == "2×cpu dp2 b64 acc1 32-true bf16"
     same = _predicted_vs_measured(verdict, plan, {**metrics, "plan_that_ran": plan.describe()})
     assert same["measured"]["step_seconds"] == 0.01
+
+
+def test_the_preflight_leaves_the_training_random_state_as_it_found_it():
+    import torch
+
+    from hslite.build import plan_from_config, prepared_datamodule
+    from hslite.gate import preflight_check
+
+    cfg = load_config("quickstart", ["preflight.fresh=true"])  # a fresh probe seeds torch's generator itself
+    datamodule = prepared_datamodule(cfg)
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    preflight_check(cfg, plan_from_config(cfg), datamodule, single_device_only=True)
+    assert torch.equal(torch.get_rng_state(), before)
