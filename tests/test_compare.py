@@ -6,6 +6,7 @@ import csv
 import json
 
 import pytest
+from test_auto_plan import prediction
 
 from hslite.build import build_model, plan_from_config, prepared_datamodule
 from hslite.cli import main
@@ -16,19 +17,9 @@ from hslite.errors import ConfigError
 from hslite.parallel.plan import Plan
 from hslite.parallel.usage import malloc_in_use_bytes
 from hslite.parallel.wire_format import wire_bytes
-from hslite.preflight.costmodel import Prediction
 from hslite.preflight.verdict import decide
 
 QUICK = ["data.scene=synthetic_tiny", "data.eval_batch_size=128", "preflight.probe_steps=2"]
-
-
-def prediction(plan: Plan, step_seconds: float) -> Prediction:
-    samples = plan.global_batch / step_seconds
-    return Prediction(
-        step_seconds=step_seconds, compute_seconds=step_seconds, loop_seconds=0.0, comm_seconds=0.0,
-        samples_per_second=samples, ecd=samples / plan.world_size, per_device_peak_bytes=3 * 2**20, fits_memory=True,
-        speedup=1.0, chag_bytes_per_step=0, r=0.0, memory_budget_bytes=2**30,
-    )  # fmt: skip
 
 
 def fake_check_recipe(cfg):

@@ -10,12 +10,9 @@ tensor/matrix rate with FP32 accumulate, and fp16 runs at the same rate on every
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib import resources
-from typing import Any
-
-import yaml
 
 from hslite.errors import ConfigError
+from hslite.preflight.bundled import bundled_names, read_bundled
 
 # The share of the datasheet peaks a training step attains, for FLOPs and for bytes alike. Large, tuned models train
 # at 40-55 % of the bf16 peak (PaLM's 46 % MFU, Chowdhery et al. 2022, table 3); small convolutional models in eager
@@ -56,22 +53,14 @@ class DeviceProfile:
         return (self.fp32_tflops if precision == "32-true" else self.bf16_tflops) * 1e12
 
 
-def _device_files() -> dict[str, Any]:
-    folder = resources.files("hslite.preflight") / "devices"
-    return {f.name.removesuffix(".yaml"): f for f in folder.iterdir() if f.name.endswith(".yaml")}
-
-
 def list_devices() -> list[str]:
     """Names of the bundled GPU profiles."""
-    return sorted(_device_files())
+    return bundled_names("devices")
 
 
 def load_device(name: str) -> DeviceProfile:
     """Read one bundled profile (yaml.safe_load); an unknown name raises ConfigError listing the known ones."""
-    files = _device_files()
-    if name not in files:
-        raise ConfigError(f"unknown preflight.device {name!r}; known GPU profiles: {', '.join(sorted(files))}.")
-    data = yaml.safe_load(files[name].read_text())
+    data = read_bundled("devices", name, "preflight.device")
     try:
         profile = DeviceProfile(name=name, **data)
     except TypeError as err:

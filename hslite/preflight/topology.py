@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from importlib import resources
-from typing import Any
-
-import yaml
 
 from hslite.errors import ConfigError
 from hslite.parallel.plan import Plan
+from hslite.preflight.bundled import bundled_names, read_bundled
 from hslite.preflight.measurements import LinkModel
 
 # R = B_intra / B_inter below which a flat layout is kept: per-layer collectives (channel groups, FSDP) may span
@@ -92,22 +89,14 @@ class Topology:
         ]
 
 
-def _topology_files() -> dict[str, Any]:
-    folder = resources.files("hslite.preflight") / "topologies"
-    return {f.name.removesuffix(".yaml"): f for f in folder.iterdir() if f.name.endswith(".yaml")}
-
-
 def list_topologies() -> list[str]:
     """Names of the bundled topology profiles."""
-    return sorted(_topology_files())
+    return bundled_names("topologies")
 
 
 def load_topology(name: str) -> Topology:
     """Read one bundled profile (yaml.safe_load); an unknown name raises ConfigError listing the known ones."""
-    files = _topology_files()
-    if name not in files:
-        raise ConfigError(f"unknown topology {name!r}; known profiles: {', '.join(sorted(files))}.")
-    data = yaml.safe_load(files[name].read_text())
+    data = read_bundled("topologies", name, "topology")
     figures = ("intra_gbps", "inter_gbps", "intra_latency_us", "inter_latency_us", "device_memory_gib")
     try:
         topology = Topology(name=name, **data)
