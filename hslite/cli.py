@@ -21,6 +21,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
+from hslite.allocator import keep_freed_memory
 from hslite.errors import HSLiteError
 
 EXIT_USAGE = 2
@@ -179,6 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(stray)}")
     if extras:
         args.overrides = [*args.overrides, *extras]
+    keep_freed_memory()  # for every command that trains, times or predicts (hslite.allocator says why)
     try:
         return args.handler(args)
     except HSLiteError as err:

@@ -18,7 +18,9 @@ from typing import Any, cast
 import lightning.pytorch as pl
 import numpy as np
 import torch
+from torch.utils.data import DataLoader
 
+from hslite.allocator import keep_freed_memory
 from hslite.build import build_task, plan_from_config, prepared_datamodule
 from hslite.checkpoints import AtomicCheckpointIO, BestCheckpoint, load_weights
 from hslite.config import Config, to_yaml
@@ -101,6 +103,7 @@ def fit(cfg: Config) -> RunResult:
         cfg = choice.cfg
     plan = check_visible(plan_from_config(cfg))
     quiet_lightning()
+    keep_freed_memory()
     pl.seed_everything(cfg.train.seed, workers=True, verbose=False)
     datamodule = prepared_datamodule(cfg)
     task = build_task(cfg, datamodule)  # refuses band groups the plan cannot split or rotate
@@ -160,14 +163,23 @@ def _train_and_evaluate(
     evaluator = pl.Trainer(
         **trainer_kwargs(plan.single_device(), progress=False),
         logger=False,
-        limit_test_batches=_limit(cfg.train.limit_test_batches),
+        limit_predict_batches=_limit(cfg.train.limit_test_batches),
     )
-    test = evaluator.test(task, datamodule=datamodule, verbose=False)[0]
+    scene, test = datamodule.scene, datamodule.split.test
+    # One inference pass when a map is wanted: the whole scene is predicted and its test pixels are scored from it.
+    whole_scene = cfg.output.save_map and cfg.train.limit_test_batches == 1.0
+    predicted = _predict(evaluator, task, datamodule.predict_dataloader()) if whole_scene else None
+    if predicted is not None:
+        scored = predicted.reshape(scene.gt.shape)[test[:, 0], test[:, 1]]
+    else:
+        scored = _predict(evaluator, task, datamodule.test_dataloader())
+    targets = scene.gt[test[: len(scored), 0], test[: len(scored), 1]] - 1
+    scores = task.score(torch.from_numpy(scored), torch.from_numpy(targets))
     metrics: dict[str, Any] = {
-        "OA": test["test/OA"],
-        "AA": test["test/AA"],
-        "kappa": test["test/kappa"],
-        "per_class_accuracy": task.per_class_accuracy.tolist(),
+        "OA": scores["OA"],
+        "AA": scores["AA"],
+        "kappa": scores["kappa"],
+        "per_class_accuracy": scores["per_class_accuracy"],
         "class_names": datamodule.class_names,
         "epochs": int(perf["perf/epochs"]),
         "optimizer_steps": int(perf["perf/optimizer_steps"]),
@@ -179,19 +191,20 @@ def _train_and_evaluate(
         "plan": plan.to_dict(),
         "plan_that_ran": _plan_that_ran(plan, trainer),
         "usage": usage_metrics(trainer.callback_metrics, plan.accelerator),
-        "split_counts": datamodule.split.counts(datamodule.scene.gt),
+        "split_counts": datamodule.split.counts(scene.gt),
         "split_protocol": datamodule.split.protocol,
         "leakage_audit": datamodule.leakage_audit(),
         "best_checkpoint": str(best.relative_to(work_dir.resolve())) if best else None,
     }
-    confusion = task.confusion_matrix.numpy()
+    confusion = scores["confusion_matrix"]
     metrics["confusion_matrix"] = confusion.tolist()
     plot_confusion(work_dir / "confusion.png", confusion, datamodule.class_names)
     if cfg.output.save_map:
-        predicted = _predict_scene(evaluator, task, datamodule)
-        scene = datamodule.scene
-        plot_map(work_dir / "map.png", predicted, scene.gt, datamodule.class_names, scene.label_codes)
-        codes = to_label_codes(predicted, scene.label_codes)  # an own scene's map is in its label file's codes
+        if predicted is None:
+            predicted = _predict(evaluator, task, datamodule.predict_dataloader())
+        classes = predicted.reshape(scene.gt.shape) + 1
+        plot_map(work_dir / "map.png", classes, scene.gt, datamodule.class_names, scene.label_codes)
+        codes = to_label_codes(classes, scene.label_codes)  # an own scene's map is in its label file's codes
         write_geotiff(work_dir / "prediction.tif", codes, scene.crs, scene.transform)
     return metrics
 
@@ -204,11 +217,10 @@ def _plan_that_ran(plan: Plan, trainer: pl.Trainer) -> str:
     return plan.with_(compression=kind_at_level(plan.compression, int(bits))).describe()
 
 
-def _predict_scene(trainer: pl.Trainer, task: HSIClassifier, datamodule: HSIDataModule) -> np.ndarray:
-    """Class (1..C) of every pixel of the scene, predicted in batches."""
-    batches = cast(list[torch.Tensor], trainer.predict(task, dataloaders=datamodule.predict_dataloader()))
-    flat = torch.cat(batches).numpy().astype(np.int64) + 1
-    return flat.reshape(datamodule.scene.gt.shape)
+def _predict(trainer: pl.Trainer, task: HSIClassifier, loader: DataLoader) -> np.ndarray:
+    """Zero-based predicted class of every sample of `loader`, in its order."""
+    batches = cast(list[torch.Tensor], trainer.predict(task, dataloaders=loader))
+    return torch.cat(batches).numpy().astype(np.int64)
 
 
 def _limit(value: float) -> float | int | None:

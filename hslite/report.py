@@ -125,7 +125,8 @@ def print_summary(metrics: dict[str, Any], run_dir: Path, class_names: list[str]
     for key, value in summary_rows(metrics):
         table.add_row(key, value)
     per_class = metrics.get("per_class_accuracy", [])
-    worst = sorted(zip(per_class, class_names, strict=True), key=lambda t: t[0])[:3]
+    scored = [(acc, name) for acc, name in zip(per_class, class_names, strict=True) if acc is not None]
+    worst = sorted(scored, key=lambda t: t[0])[:3]  # a class with no test pixel has no accuracy
     if worst:
         table.add_row("weakest classes", ", ".join(f"{name} {100 * acc:.1f}%" for acc, name in worst))
     Console().print(table)

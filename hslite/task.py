@@ -7,9 +7,10 @@ indices; -1 marks an unlabelled pixel and is ignored by the loss and the metrics
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
+import numpy as np
 import torch
 from torch import nn
 from torchmetrics import Metric, MetricCollection
@@ -145,20 +146,25 @@ class HSIClassifier(pl.LightningModule):
         self.log_dict(self.val_metrics.compute(), prog_bar=True)  # synced by torchmetrics
         self.val_metrics.reset()
 
-    def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        """Accumulate test metrics, per-class accuracy and the confusion matrix."""
-        x, y = batch
-        logits = self(x)
-        self.update_metrics([self.test_metrics, self.test_per_class, self.test_confusion], logits, self.own_targets(y))
+    def score(self, predicted: torch.Tensor, targets: torch.Tensor) -> dict[str, Any]:
+        """Test OA, AA, kappa, per-class accuracy and confusion matrix of predicted classes against targets.
 
-    def on_test_epoch_end(self) -> None:
-        """Log test OA/AA/kappa; per-class accuracy and the confusion matrix stay on the module for reports."""
-        self.log_dict(self.test_metrics.compute())  # synced by torchmetrics
-        self.per_class_accuracy = self.test_per_class.compute().cpu()
-        self.confusion_matrix = self.test_confusion.compute().cpu()
-        self.test_metrics.reset()
-        self.test_per_class.reset()
-        self.test_confusion.reset()
+        A class with no test pixel (a spatially disjoint split can leave one out) has no accuracy: None, not 0, and
+        AA is the mean over the classes present (torchmetrics' macro average counts a predicted, absent class as 0).
+        """
+        for metric in (self.test_metrics, self.test_per_class, self.test_confusion):
+            metric.reset()
+            metric.update(predicted, targets)
+        scores: dict[str, Any] = {
+            name.removeprefix("test/"): float(value) for name, value in self.test_metrics.compute().items()
+        }
+        confusion = self.test_confusion.compute().cpu().numpy()
+        per_class = self.test_per_class.compute().cpu().tolist()
+        present = [acc if n else None for acc, n in zip(per_class, confusion.sum(1), strict=True)]
+        scores["per_class_accuracy"] = present
+        scores["AA"] = float(np.mean([acc for acc in present if acc is not None]))
+        scores["confusion_matrix"] = confusion
+        return scores
 
     def predict_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         """Predicted zero-based class of every pixel in the batch."""

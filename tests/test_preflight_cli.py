@@ -209,9 +209,12 @@ def test_the_preflight_leaves_the_training_random_state_as_it_found_it():
     from hslite.build import plan_from_config, prepared_datamodule
     from hslite.gate import preflight_check
 
-    cfg = load_config("quickstart", ["preflight.fresh=true"])  # a fresh probe seeds torch's generator itself
+    # A fresh probe seeds torch's generator itself and draws augmented batches from the training set.
+    cfg = load_config("quickstart", ["preflight.fresh=true", "data.augment=true"])
     datamodule = prepared_datamodule(cfg)
+    train = datamodule.train_dataloader().dataset
     torch.manual_seed(123)
-    before = torch.get_rng_state()
+    before, flips_before = torch.get_rng_state(), train._generator.get_state()
     preflight_check(cfg, plan_from_config(cfg), datamodule, single_device_only=True)
     assert torch.equal(torch.get_rng_state(), before)
+    assert torch.equal(train._generator.get_state(), flips_before)  # training sees the flips it would have seen

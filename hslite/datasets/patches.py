@@ -23,6 +23,7 @@ that holds several batches, or a model that keeps one, never sees it overwritten
 
 from __future__ import annotations
 
+import copy
 from types import ModuleType
 from typing import Any
 
@@ -223,6 +224,13 @@ class PatchDataset(Dataset):
         if self.augment:
             x = augment_batch(x, self._augment_generator())
         return x, self.labels[index]
+
+    def with_own_augmentation(self, seed: int) -> PatchDataset:
+        """A shallow copy with its own augmentation generator: drawing from it leaves this dataset's flips unchanged."""
+        twin = copy.copy(self)
+        twin._generator = torch.Generator().manual_seed(seed)
+        twin._generator_worker = None
+        return twin
 
     def _augment_generator(self) -> torch.Generator:
         # Each worker is a copy of this dataset: reseed from the worker's own seed (new every epoch, derived from the

@@ -1,4 +1,4 @@
-"""What every rank sets up for itself: its CPU thread budget and a quiet Lightning.
+"""What every rank sets up for itself: its CPU thread budget, its allocator and a quiet Lightning.
 
 Spawned ranks start as fresh interpreters, so settings made in the launching process (threads, warning filters,
 log levels) do not reach them; this callback applies them inside each rank before the first step.
@@ -11,6 +11,8 @@ import warnings
 
 import lightning.pytorch as pl
 import torch
+
+from hslite.allocator import keep_freed_memory
 
 
 def quiet_lightning() -> None:
@@ -39,5 +41,6 @@ class RankSetup(pl.Callback):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:  # noqa: D102
         quiet_lightning()
+        keep_freed_memory()
         if self.threads:
             torch.set_num_threads(self.threads)

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from hslite.allocator import keep_freed_memory
 from hslite.cache import read_cache, write_cache
 from hslite.errors import ConfigError
 from hslite.optim import adamw
@@ -98,6 +99,7 @@ def probe_model(
         "band_group_sizes": band_group_sizes,
         "concurrent_ranks": concurrent_ranks if dev.type == "cpu" else 1,
         "torch": torch.__version__,
+        "allocator_keeps_memory": keep_freed_memory(),
         "fields": PROBE_FIELDS_VERSION,
     }
     try:
@@ -206,6 +208,7 @@ def _contention_rank(
     results: Any,
 ) -> None:
     torch.set_num_threads(threads)
+    keep_freed_memory()
     dev = torch.device("cpu")
     optimizer = adamw(model.parameters())
     for _ in range(warmup):
