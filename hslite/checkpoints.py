@@ -8,15 +8,17 @@ fsynced, so the previous file stays loadable until the new one is whole.
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from hslite.atomic import atomic_write
+from hslite.errors import DataError
 
 
 def atomic_torch_save(payload: Any, path: Path) -> None:
@@ -31,16 +33,20 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         """Write `checkpoint` to `path` atomically."""
         atomic_torch_save(checkpoint, Path(path))
 
+    def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
+        """Read a checkpoint with `weights_only=True` whatever the caller asks: loading never runs code."""
+        return read_checkpoint(Path(path))
+
 
 class BestCheckpoint(ModelCheckpoint):
-    """The best epoch by `val/OA`, a tie going to the later epoch, plus `last.ckpt` at every validation.
+    """The best epoch by `val/OA`, a tie going to the later epoch.
 
     On a small validation set OA saturates early; Lightning's strict comparison would then keep the first epoch that
     reached it and test an under-trained model. The later of two equal epochs has trained longer at a lower rate.
     """
 
     def __init__(self, dirpath: Path) -> None:
-        super().__init__(dirpath=dirpath, filename="best", monitor="val/OA", mode="max", save_top_k=1, save_last=True)
+        super().__init__(dirpath=dirpath, filename="best", monitor="val/OA", mode="max", save_top_k=1)
 
     def check_monitor_top_k(self, trainer: pl.Trainer, current: torch.Tensor | None = None) -> bool:
         """Save when `current` beats or equals the best so far (ranks decide together)."""
@@ -51,6 +57,42 @@ class BestCheckpoint(ModelCheckpoint):
         return super().check_monitor_top_k(trainer, current)
 
 
+class LastCheckpoint(Checkpoint):
+    """`last.ckpt` every `every_n_epochs` epochs and after the last, at the epoch's end (after its validation).
+
+    What `resume=` reads. A `Checkpoint`, so Lightning runs it after the module's own epoch-end hook, as it runs
+    ModelCheckpoint; that class itself writes `last` only in an epoch where it also wrote a top-k file.
+    """
+
+    def __init__(self, path: Path, every_n_epochs: int) -> None:
+        self.path = path
+        self.every_n_epochs = every_n_epochs
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:  # noqa: D102
+        epoch = trainer.current_epoch + 1
+        if epoch % self.every_n_epochs == 0 or epoch == trainer.max_epochs:
+            trainer.save_checkpoint(
+                self.path, weights_only=False
+            )  # on every rank: the state of every rank is gathered into it
+
+
+def read_checkpoint(path: Path) -> dict[str, Any]:
+    """A whole checkpoint read with `weights_only=True`; a missing or unreadable file is a DataError saying so."""
+    if not path.is_file():
+        raise DataError(f"checkpoint {path} does not exist.")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, OSError, EOFError, pickle.UnpicklingError, ValueError) as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise DataError(
+            f"checkpoint {path} cannot be read ({reason}): it is truncated, corrupt or not a checkpoint. hslite writes "
+            "checkpoints atomically, so this file was damaged or replaced after it was written."
+        ) from err
+
+
 def load_weights(path: Path) -> dict[str, torch.Tensor]:
     """The model state of a checkpoint, read with `weights_only=True` (no code runs while loading)."""
-    return torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
+    checkpoint = read_checkpoint(path)
+    if "state_dict" not in checkpoint:
+        raise DataError(f"checkpoint {path} holds no model state (no 'state_dict'); it is not a Lightning checkpoint.")
+    return checkpoint["state_dict"]

@@ -29,8 +29,10 @@ EXIT_USAGE = 2
 
 def _cmd_fit(args: argparse.Namespace) -> int:
     from hslite.config import load_config
+    from hslite.resume import resumed_config
 
-    cfg = load_config(None, args.overrides)
+    resuming = any(item.startswith("resume=") for item in args.overrides)
+    cfg = resumed_config(args.overrides) if resuming else load_config(None, args.overrides)
     from hslite.fit import fit  # imports torch + Lightning: only after the config is known to be valid
 
     fit(cfg)

@@ -90,6 +90,7 @@ class TrainConfig:
     limit_test_batches: float = ranged(1.0, *BATCH_LIMIT)  # share or count of test batches; 1.0 means all
     check_val_every_n_epoch: int = ranged(1, AT_LEAST_1)  # validate every this many epochs
     progress: bool = True  # rich progress bar
+    deterministic: bool = False  # deterministic kernels only (torch.use_deterministic_algorithms), in every rank
 
 
 @dataclass
@@ -133,7 +134,8 @@ class OutputConfig:
     """Where run folders go and what they hold."""
 
     root: str = "runs"  # run folders are <root>/<recipe>/<timestamp>/
-    save_checkpoint: bool = True  # keep the best checkpoint by validation OA
+    save_checkpoint: bool = True  # keep the best checkpoint by validation OA, and last.ckpt to resume from
+    checkpoint_every_n_epochs: int = ranged(1, AT_LEAST_1)  # write last.ckpt (atomically) every this many epochs
     save_map: bool = True  # predict the whole scene: map.png and prediction.tif
 
 
@@ -149,6 +151,9 @@ class Config:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     preflight: PreflightConfig = field(default_factory=PreflightConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    # "last" (the newest unfinished run of this recipe under output.root) or a run folder: continue that run from its
+    # last.ckpt, in its own folder, with the config it was started with (hslite/resume.py)
+    resume: str | None = None
 
 
 def check_config(cfg: Config) -> Config:
@@ -273,7 +278,7 @@ def load_config(recipe: str | None = None, overrides: list[str] | tuple[str, ...
         raise ConfigError(f"recipe {path} is not valid YAML: {err}") from None
     if not isinstance(body, dict):
         raise ConfigError(f"recipe {path} must be a mapping of sections, got {type(body).__name__}.")
-    body["recipe"] = path.stem
+    body.setdefault("recipe", path.stem)  # a run's config.yaml keeps the recipe it was made from
     cfg = _merge(cfg, OmegaConf.create(body), f"recipe {path.name}")
     for key, value in pairs:
         if key not in valid_keys():

@@ -21,22 +21,28 @@ import torch
 from torch.utils.data import DataLoader
 
 from hslite.allocator import keep_freed_memory
+from hslite.atomic import atomic_write
 from hslite.build import build_task, plan_from_config, prepared_datamodule
-from hslite.checkpoints import AtomicCheckpointIO, BestCheckpoint, load_weights
+from hslite.checkpoints import AtomicCheckpointIO, BestCheckpoint, LastCheckpoint, load_weights, read_checkpoint
 from hslite.config import Config, to_yaml
 from hslite.datasets.datamodule import HSIDataModule
 from hslite.datasets.fitted import FittedPreprocessing
 from hslite.datasets.geotiff_out import write_geotiff
 from hslite.datasets.scenes import to_label_codes
+from hslite.datasets.splits import Split
+from hslite.errors import DataError
 from hslite.parallel.compression_guard import kind_at_level
 from hslite.parallel.plan import Plan, check_visible, trainer_kwargs
 from hslite.parallel.rank_setup import quiet_lightning
+from hslite.parallel.rank_watch import RankActivity, rank_failure
 from hslite.parallel.timing import TrainThroughput
 from hslite.parallel.usage import RankUsage, usage_metrics
 from hslite.preflight.verdict import Verdict
 from hslite.report import plot_confusion, plot_map, print_summary, write_json
-from hslite.run_folder import RunFolder
+from hslite.resume import LAST, check_checkpoint_config, flat_config
+from hslite.run_folder import RunFolder, check_writable
 from hslite.task import HSIClassifier
+from hslite.training_state import TrainingState
 
 
 @dataclass
@@ -107,15 +113,20 @@ def fit(cfg: Config) -> RunResult:
     pl.seed_everything(cfg.train.seed, workers=True, verbose=False)
     datamodule = prepared_datamodule(cfg)
     task = build_task(cfg, datamodule)  # refuses band groups the plan cannot split or rotate
+    resume = _resume_point(cfg, datamodule)
+    parent = Path(cfg.output.root) / cfg.recipe
+    check_writable(resume.parent if resume else parent, _checkpoint_bytes(task) if cfg.output.save_checkpoint else 0)
     verdict = choice.verdict if choice is not None else _gate(cfg, plan, datamodule)
 
-    with RunFolder(Path(cfg.output.root) / cfg.recipe) as run:
-        (run.path / "config.yaml").write_text(to_yaml(cfg))
-        if choice is not None:
-            write_json(run.path / "plan_choice.json", choice.to_dict())
-        datamodule.split.save(run.path / "split.npz")
-        FittedPreprocessing.from_datamodule(datamodule).save(run.path / "preprocessing.npz")  # for hslite predict
-        metrics = _train_and_evaluate(cfg, plan, datamodule, task, run.path)
+    with RunFolder(parent, resume=resume) as run:
+        if resume is None:
+            atomic_write(run.path / "config.yaml", lambda f: f.write(to_yaml(cfg).encode()))
+            if choice is not None:
+                write_json(run.path / "plan_choice.json", choice.to_dict())
+            datamodule.split.save(run.path / "split.npz")
+            FittedPreprocessing.from_datamodule(datamodule).save(run.path / "preprocessing.npz")  # for hslite predict
+        metrics = _train_and_evaluate(cfg, plan, datamodule, task, run.path, len(run.resumptions))
+        metrics["resumed"] = run.resumptions
         if verdict is not None:
             write_json(run.path / "preflight.json", _predicted_vs_measured(verdict, plan, metrics))
         write_json(run.path / "metrics.json", metrics)
@@ -123,17 +134,40 @@ def fit(cfg: Config) -> RunResult:
     return RunResult(run_dir=run.path, metrics=metrics, plan=plan)
 
 
+def _resume_point(cfg: Config, datamodule: HSIDataModule) -> Path | None:
+    """The run folder that cfg.resume names, once its checkpoint and split are known to be this run's."""
+    if not cfg.resume:
+        return None
+    run = Path(cfg.resume)
+    path = run / "checkpoints" / LAST
+    check_checkpoint_config(read_checkpoint(path), cfg, path)
+    if not datamodule.split.same_pixels(Split.load(run / "split.npz")):
+        raise DataError(
+            f"{run}/split.npz differs from the split drawn now for the same seed (a changed label file or hslite "
+            "version); the run cannot be continued on other pixels. Start a new run."
+        )
+    return run
+
+
+def _checkpoint_bytes(task: HSIClassifier) -> int:
+    """About what best.ckpt and last.ckpt take: weights + AdamW's two moments, each, plus a temporary copy."""
+    weights = sum(p.numel() * p.element_size() for p in task.parameters())
+    return 3 * 3 * weights
+
+
 def _train_and_evaluate(
-    cfg: Config, plan: Plan, datamodule: HSIDataModule, task: HSIClassifier, work_dir: Path
+    cfg: Config, plan: Plan, datamodule: HSIDataModule, task: HSIClassifier, work_dir: Path, resumptions: int
 ) -> dict[str, Any]:
     from lightning.pytorch.loggers import CSVLogger
 
-    callbacks: list[pl.Callback] = [TrainThroughput(), RankUsage()]
+    callbacks: list[pl.Callback] = [TrainThroughput(), RankUsage(), TrainingState(flat_config(cfg))]
+    if plan.world_size > 1:
+        callbacks.append(RankActivity(work_dir / "ranks"))
     checkpoint = None
     if cfg.output.save_checkpoint:
         checkpoint = BestCheckpoint(work_dir / "checkpoints")
-        callbacks.append(checkpoint)
-    kwargs = trainer_kwargs(plan, progress=cfg.train.progress)
+        callbacks += [checkpoint, LastCheckpoint(work_dir / "checkpoints" / LAST, cfg.output.checkpoint_every_n_epochs)]
+    kwargs = trainer_kwargs(plan, progress=cfg.train.progress, deterministic=cfg.train.deterministic)
     callbacks += kwargs.pop("callbacks", [])
     steps_per_epoch = max(1, len(datamodule.train_dataloader()) // plan.dp)
     if cfg.train.limit_train_batches > 1:
@@ -147,13 +181,20 @@ def _train_and_evaluate(
         check_val_every_n_epoch=cfg.train.check_val_every_n_epoch,
         log_every_n_steps=min(50, steps_per_epoch),
         callbacks=callbacks,
-        logger=CSVLogger(work_dir, name="logs", version=""),
+        # Lightning's CSV logger empties a metrics.csv it finds: a resumed part writes its own, logs/resumed-<n>/.
+        logger=CSVLogger(work_dir, name="logs", version=f"resumed-{resumptions}" if resumptions else ""),
         default_root_dir=work_dir,
         enable_checkpointing=cfg.output.save_checkpoint,
         plugins=[AtomicCheckpointIO()],
     )
     wall_start = time.perf_counter()
-    trainer.fit(task, datamodule=datamodule)
+    try:
+        trainer.fit(task, datamodule=datamodule, ckpt_path=work_dir / "checkpoints" / LAST if resumptions else None)
+    except Exception as err:
+        failed = rank_failure(err, trainer, work_dir / "ranks")
+        if failed is None:
+            raise
+        raise failed from None
     train_seconds = time.perf_counter() - wall_start
 
     perf = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("perf/")}

@@ -5,11 +5,20 @@ A failed or interrupted run keeps everything it wrote (config, split, logs, last
 `.incomplete`. SIGTERM is turned into an interruption while the run folder is open, so a scheduler's stop keeps the
 evidence like Ctrl-C does. The signal is remembered, not inferred from the exception: a KeyboardInterrupt raised
 inside a C++ callback (torch.save writing a checkpoint) surfaces as a RuntimeError, and is still an interruption.
+
+A run holds an exclusive lock on `<folder>/.lock` while it lasts (the kernel drops it when the process dies, however
+it dies), so `resume=` never continues a run that is still going. A resumed run reopens its folder as
+`<stamp>.incomplete/` and appends to `resumed.json` (when, from which epoch, after what error).
+A full disk, a read-only or unwritable folder ends the run with one sentence (`OutputError`), not a traceback.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import json
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -19,6 +28,53 @@ from pathlib import Path
 from types import FrameType, TracebackType
 
 from hslite.errors import HSLiteError
+
+
+class OutputError(HSLiteError):
+    """The run's output cannot be written: a full disk, a read-only filesystem, a folder without write permission."""
+
+
+_WRITE_ERRNOS = {
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is used up",
+    errno.EROFS: "the filesystem is read-only",
+    errno.EACCES: "permission is denied",
+    errno.EPERM: "permission is denied",
+}
+
+
+def check_writable(folder: Path, need_bytes: int = 0) -> None:
+    """Raise OutputError unless `folder` can be created and written, with `need_bytes` free; before any training."""
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), Path("."))
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".hslite-write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        reason = _WRITE_ERRNOS.get(err.errno or 0, err.strerror or str(err))
+        raise OutputError(
+            f"cannot write run folders under {folder}: {reason} (at {existing}). "
+            "Set output.root to a folder you can write, or free it."
+        ) from None
+    free = shutil.disk_usage(folder).free
+    if free < need_bytes:
+        raise OutputError(
+            f"{folder} has {free / 2**20:.0f} MiB free and the run's checkpoints need about {need_bytes / 2**20:.0f} "
+            "MiB; free some space or set output.root elsewhere."
+        )
+
+
+def output_error(error: BaseException, folder: Path) -> OutputError | None:
+    """The one-sentence OutputError for an OSError of writing (disk full, read-only, denied), else None."""
+    cause: BaseException | None = error
+    while cause is not None and not (isinstance(cause, OSError) and cause.errno in _WRITE_ERRNOS):
+        cause = cause.__cause__ or cause.__context__
+    if cause is None:
+        return None
+    where = getattr(cause, "filename", None) or folder
+    reason = _WRITE_ERRNOS[cause.errno or 0]
+    return OutputError(f"the run stopped writing {where}: {reason}. What it wrote so far is in {folder}.")
 
 
 class RunInterrupted(HSLiteError):
@@ -35,16 +91,30 @@ class RunFolder:
     with RunFolder(Path("runs") / "quickstart") as run:
         (run.path / "metrics.json").write_text(...)
     print(run.path)  # runs/quickstart/<stamp>, or <stamp>.failed after an exception
+
+    `resume=FOLDER` reopens a stopped run's folder instead (`hslite.resume`).
     """
 
-    def __init__(self, parent: Path) -> None:
-        self.parent = parent
-        self.path = parent  # the folder as it is named now; set on entry
+    def __init__(self, parent: Path, resume: Path | None = None) -> None:
+        self.parent = resume.parent if resume is not None else parent
+        self.path = self.parent  # the folder as it is named now; set on entry
+        self.resumptions: list[dict[str, str]] = []  # this run's history of resumes (resumed.json)
+        self._resume = resume
         self._stamp = ""
         self._signal: int | None = None
         self._previous_handlers: dict[int, object] = {}
+        self._lock: int | None = None
 
     def __enter__(self) -> RunFolder:
+        if self._resume is not None:
+            self._reopen(self._resume)
+        else:
+            self._create()
+        if threading.current_thread() is threading.main_thread():
+            self._previous_handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def _create(self) -> None:
         self.parent.mkdir(parents=True, exist_ok=True)
         base = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
         for attempt in range(1000):  # two runs started in the same microsecond get distinct folders
@@ -55,9 +125,33 @@ class RunFolder:
             except FileExistsError:
                 continue
         self.path = self.parent / f"{self._stamp}.incomplete"
-        if threading.current_thread() is threading.main_thread():
-            self._previous_handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        return self
+        self._take_lock()
+
+    def _reopen(self, folder: Path) -> None:
+        self._stamp, _, state = folder.name.partition(".")
+        if not state:
+            raise HSLiteError(f"{folder} is a finished run; there is nothing to resume. Start a new run instead.")
+        self.path = folder
+        self._take_lock()
+        self._rename(f"{self._stamp}.incomplete")
+        history = self.path / "resumed.json"
+        self.resumptions = json.loads(history.read_text()) if history.is_file() else []
+        error = self.path / "error.txt"
+        after = error.read_text().splitlines()[0] if error.is_file() else f"the run was {state}"
+        self.resumptions.append({"at": datetime.now().isoformat(timespec="seconds"), "after": after})
+        history.write_text(json.dumps(self.resumptions, indent=2) + "\n")
+        error.unlink(missing_ok=True)
+
+    def _take_lock(self) -> None:
+        fd = os.open(self.path / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise HSLiteError(
+                f"{self.path} is in use by another hslite process (it holds the run's lock); wait for it to end."
+            ) from None
+        self._lock = fd
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signal = signum
@@ -68,6 +162,15 @@ class RunFolder:
     ) -> None:
         for signum, handler in self._previous_handlers.items():
             signal.signal(signum, handler)  # type: ignore[arg-type]
+        try:
+            self._finish(kind, error, trace)
+        finally:
+            if self._lock is not None:
+                os.close(self._lock)  # releases the lock
+
+    def _finish(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
         if error is None:
             self._rename(self._stamp)
             return
@@ -75,19 +178,25 @@ class RunFolder:
         # Lightning turns a KeyboardInterrupt into SystemExit(1); a KeyboardInterrupt raised by another thread's
         # code or the default handler (no signal of ours) still counts as Ctrl-C.
         interrupted = self._signal is not None or isinstance(error, (KeyboardInterrupt, SystemExit))
+        unwritable = None if interrupted else output_error(error, self.path)
         signum = self._signal or signal.SIGINT
         if interrupted:
             summary = f"interrupted by {signal.Signals(signum).name}"
         else:
-            summary = f"{type(error).__name__}: {error}"
+            summary = f"{type(error).__name__}: {unwritable or error}"
         report = [summary, ""]
-        if not interrupted and not isinstance(error, HSLiteError):  # a bug: keep the traceback for its report
+        if not interrupted and unwritable is None and not isinstance(error, HSLiteError):  # a bug: keep the traceback
             report += traceback.format_exception(kind, error, trace)
-        (self.path / "error.txt").write_text("\n".join(report) + "\n")
+        try:
+            (self.path / "error.txt").write_text("\n".join(report) + "\n")
+        except OSError:
+            pass  # the disk that stopped the run may not take error.txt either; the message below still says why
         if interrupted:
             raise RunInterrupted(
                 f"run {summary}; what it wrote so far (checkpoints, logs) is kept in {self.path}", signum
             ) from None
+        if unwritable is not None:
+            raise unwritable from None
         print(f"hslite: the run failed; what it wrote is kept in {self.path} (see error.txt)", file=sys.stderr)
 
     def _rename(self, name: str) -> None:

@@ -148,6 +148,7 @@ OUT_OF_RANGE = [
     ("preflight.min_efficiency", "0", "must be in (0, 1]"),
     ("preflight.min_efficiency", "1.5", "must be in (0, 1]"),
     ("preflight.device_efficiency", "1.5", "must be 0 or in (0, 1]"),
+    ("output.checkpoint_every_n_epochs", "0", "must be ≥ 1"),
     ("preflight.probe_steps", "0", "must be ≥ 1"),
 ]
 

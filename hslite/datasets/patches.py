@@ -225,6 +225,11 @@ class PatchDataset(Dataset):
             x = augment_batch(x, self._augment_generator())
         return x, self.labels[index]
 
+    @property
+    def augmentation_generator(self) -> torch.Generator:
+        """The generator of this process's flips; checkpoints save its state so a resumed run flips alike."""
+        return self._generator
+
     def with_own_augmentation(self, seed: int) -> PatchDataset:
         """A shallow copy with its own augmentation generator: drawing from it leaves this dataset's flips unchanged."""
         twin = copy.copy(self)

@@ -43,6 +43,10 @@ class Split:
         sizes = {name: len(getattr(self, name)) for name in ("train", "val", "test")}
         return {"kind": self.kind, "seed": self.seed, "patch_size": self.patch_size, **self.options, "pixels": sizes}
 
+    def same_pixels(self, other: Split) -> bool:
+        """True when both put the same pixels, in the same order, in train, val and test."""
+        return all(np.array_equal(getattr(self, k), getattr(other, k)) for k in ("train", "val", "test"))
+
     def save(self, path: str | Path) -> None:
         """Save as .npz (kind, seed, train, val, test, patch size, options as JSON)."""
         np.savez(Path(path), kind=np.array(self.kind), seed=np.array(self.seed), train=self.train, val=self.val,

@@ -188,7 +188,7 @@ def check_visible(plan: Plan) -> Plan:
     return plan
 
 
-def trainer_kwargs(plan: Plan, progress: bool = True) -> dict[str, Any]:
+def trainer_kwargs(plan: Plan, progress: bool = True, deterministic: bool = False) -> dict[str, Any]:
     """Lightning Trainer arguments for a Plan: accelerator, devices, strategy, precision, accumulation, callbacks.
 
     Several ranks run Lightning DDP launched by spawning: `fit` stays a library call whose process holds the data and
@@ -218,12 +218,14 @@ def trainer_kwargs(plan: Plan, progress: bool = True) -> dict[str, Any]:
             callbacks.append(CompressionGuard("val/OA", tolerance_points=1.0, patience=2))
     from hslite.parallel.rank_setup import RankSetup
 
-    callbacks.append(RankSetup(threads_per_process(plan) if plan.accelerator == "cpu" else None))
+    callbacks.append(RankSetup(threads_per_process(plan) if plan.accelerator == "cpu" else None, deterministic))
     kwargs["callbacks"] = callbacks
     return kwargs
 
 
-PROCESS_GROUP_TIMEOUT = timedelta(minutes=5)  # a rank that died should fail the run in minutes, not torch's 30
+# Every collective's deadline: with the launcher's 30 s SIGTERM grace, a rank that stalls ends the job within 60 s
+# (rank_watch.py). A step or checkpoint write must not keep one rank from the others longer than this.
+PROCESS_GROUP_TIMEOUT = timedelta(seconds=30)
 
 
 def _backend(plan: Plan) -> str:

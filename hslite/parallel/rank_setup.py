@@ -27,20 +27,24 @@ def quiet_lightning() -> None:
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"lightning\.pytorch\.utilities\._pytree")
     warnings.filterwarnings("ignore", message=r"It is recommended to use `self\.log\('(perf|usage|train|val|test)/")
+    # A run's checkpoint folder is new, or a resumed run's own (resume.py): its files are meant to be there.
+    warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
 
 
 class RankSetup(pl.Callback):
-    """Apply the thread budget (CPU ranks) and the quiet logging in every rank before the first step.
+    """Apply the thread budget (CPU ranks), train.deterministic and the quiet logging in every rank before training.
 
     Oversubscribed gloo runs (N processes × all cores) were up to 30× slower here and make step times meaningless;
     the pre-flight probe measures a rank with exactly cores ÷ N threads, so training must use the same.
     """
 
-    def __init__(self, threads: int | None) -> None:
+    def __init__(self, threads: int | None, deterministic: bool = False) -> None:
         self.threads = threads
+        self.deterministic = deterministic  # train.deterministic: Lightning sets it in the launching process only
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:  # noqa: D102
         quiet_lightning()
         keep_freed_memory()
+        torch.use_deterministic_algorithms(self.deterministic)  # set either way: it is global to the process
         if self.threads:
             torch.set_num_threads(self.threads)

@@ -25,6 +25,14 @@ class TrainThroughput(pl.Callback):
         self._start: float | None = None
         self._fit_start = 0.0
 
+    def state_dict(self) -> dict[str, Any]:
+        """The batches timed so far: a resumed run reports the whole run's samples and steps, not its last part."""
+        return {"batch_seconds": list(self.batch_seconds), "samples": self.samples}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # noqa: D102
+        self.batch_seconds = list(state_dict["batch_seconds"])
+        self.samples = int(state_dict["samples"])
+
     def on_train_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:  # noqa: D102
         self._fit_start = time.perf_counter()
 

@@ -1,0 +1,99 @@
+"""What a checkpoint needs beyond Lightning's own state for a resumed run to draw the numbers an uninterrupted one does.
+
+Lightning restores the model, optimiser, scheduler, loops and callbacks, but no random state, and only rank 0
+writes the file. Each rank's torch, NumPy and Python generators and its training set's augmentation generator are
+gathered into the checkpoint here (a few KB per rank), with the run's config so that a checkpoint of another run is
+recognised. The global generators are put back as Lightning restores the checkpoint: a resumed fit skips the sanity
+check and makes its first epoch's iterator (which draws the shuffle's seed) before any hook of training runs, where
+an uninterrupted one makes it after the previous epoch's checkpoint. The augmentation generator, which only the
+batches draw from, is put back when training starts, once the training set is loaded. Compression residuals travel
+the same way, in the strategy (`CompressedDDPStrategy.save_checkpoint`).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, cast
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from hslite.errors import DataError
+
+CHECKPOINT_KEY = "hslite"
+
+
+def _rank_state(trainer: pl.Trainer) -> dict[str, Any]:
+    _, keys, position, has_gauss, gauss = cast(tuple[str, np.ndarray, int, int, float], np.random.get_state())
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": {
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "position": int(position),
+            "has_gauss": int(has_gauss),
+            "gauss": float(gauss),
+        },  # tensors and numbers: weights_only loads them
+        "python": random.getstate(),
+    }
+    generator = _augmentation_generator(trainer)
+    if generator is not None:
+        state["augmentation"] = generator.get_state()
+    return state
+
+
+def _set_global_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["position"], n["has_gauss"], n["gauss"]))
+    random.setstate(_as_tuples(state["python"]))
+
+
+def _as_tuples(value: Any) -> Any:
+    # random.setstate wants the tuples it gave; a checkpoint read back may hold lists.
+    return tuple(_as_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+def _augmentation_generator(trainer: pl.Trainer) -> torch.Generator | None:
+    loader = trainer.train_dataloader
+    dataset = getattr(loader, "dataset", None)
+    return getattr(dataset, "augmentation_generator", None)
+
+
+class TrainingState(pl.Callback):
+    """Save every rank's random state and the run's config in each checkpoint; restore them on resume."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+        self._augmentation: torch.Tensor | None = None  # from a checkpoint, until the training set is loaded
+
+    def on_save_checkpoint(  # noqa: D102 - Lightning calls it on every rank, so the gather is collective
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        state = _rank_state(trainer)
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            states: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(states, state)
+        else:
+            states = [state]
+        checkpoint[CHECKPOINT_KEY] = {"config": self.config, "ranks": states}
+
+    def on_load_checkpoint(  # noqa: D102
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        ranks = checkpoint.get(CHECKPOINT_KEY, {}).get("ranks", [])
+        if len(ranks) != trainer.world_size:
+            raise DataError(
+                f"the checkpoint holds the random state of {len(ranks)} ranks and this run has {trainer.world_size}; "
+                "resume it with the plan it was written with."
+            )
+        state = ranks[trainer.global_rank]
+        _set_global_state(state)
+        self._augmentation = state.get("augmentation")
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:  # noqa: D102
+        generator = _augmentation_generator(trainer)
+        if generator is not None and self._augmentation is not None:
+            generator.set_state(self._augmentation)
+        self._augmentation = None

@@ -1,0 +1,112 @@
+"""A rank killed mid-epoch ends the whole job within 60 s, naming the rank, with no process of the run left; the run
+then resumes to the metrics of a run that was never killed (2 gloo processes, deterministic mode)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hslite.checkpoints import load_weights
+
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+
+ARGS = ["recipe=quickstart_cpu2", "data.scene=synthetic_tiny", "data.patch_size=3", "data.batch_size=4",
+        "data.augment=true", "train.max_epochs=12", "train.deterministic=true", "train.progress=false",
+        "output.save_map=false", "preflight.enabled=false", "output.root=runs"]  # fmt: skip
+SCORES = ("OA", "AA", "kappa", "per_class_accuracy", "confusion_matrix", "epochs", "optimizer_steps")
+
+
+def _fit(cwd: Path, *extra: str) -> subprocess.Popen[str]:
+    command = [sys.executable, "-m", "hslite.cli", "fit", *ARGS, *extra]
+    return subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every live process below `pid`, from /proc."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
+
+
+def _scores(run: Path) -> dict:
+    metrics = json.loads((run / "metrics.json").read_text())
+    weights = load_weights(run / "checkpoints" / "last.ckpt")
+    return {**{key: metrics[key] for key in SCORES}, **{k: v.numpy().tobytes() for k, v in weights.items()}}
+
+
+def _rank_doing(run_root: Path, rank: int) -> dict | None:
+    for path in run_root.glob(f"quickstart_cpu2/*.incomplete/ranks/rank{rank}.json"):
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+    return None
+
+
+@pytest.mark.timeout(600)
+def test_a_killed_rank_ends_the_job_naming_it_and_the_resumed_run_matches_an_uninterrupted_one(tmp_path):
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    done = _fit(reference)
+    _, err = done.communicate(timeout=300)
+    assert done.returncode == 0, err[-3000:]
+    (expected,) = (reference / "runs" / "quickstart_cpu2").iterdir()
+
+    work = tmp_path / "faulty"
+    work.mkdir()
+    job = _fit(work)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:  # until rank 1 is in its third epoch, and a checkpoint exists to resume from
+        doing = _rank_doing(work / "runs", 1)
+        if doing and doing["doing"].startswith(("training epoch 3", "training epoch 4")):
+            break
+        assert job.poll() is None, job.communicate()
+        time.sleep(0.05)
+    else:
+        pytest.fail("rank 1 never reached its third epoch")
+    processes = _descendants(job.pid) | {job.pid}
+    os.kill(doing["pid"], signal.SIGKILL)
+    killed = time.monotonic()
+    _, err = job.communicate(timeout=90)
+    assert time.monotonic() - killed <= 60
+    assert job.returncode != 0
+    assert "rank 1 was killed by SIGKILL while training epoch" in err, err[-3000:]
+    assert "Traceback" not in err, err
+    time.sleep(1)  # the launcher has joined its ranks; give the kernel a moment to reap them
+    assert not [pid for pid in processes if _alive(pid)]
+    (failed,) = (work / "runs" / "quickstart_cpu2").iterdir()
+    assert failed.name.endswith(".failed")
+
+    resumed = _fit(work, "resume=last")
+    _, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err[-3000:]
+    (run,) = (work / "runs" / "quickstart_cpu2").iterdir()
+    assert run.name == failed.name.removesuffix(".failed")
+    assert _scores(run) == _scores(expected)
+    (history,) = json.loads((run / "metrics.json").read_text())["resumed"]
+    assert "rank 1 was killed by SIGKILL" in history["after"]
