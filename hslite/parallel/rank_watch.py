@@ -84,20 +84,22 @@ def rank_failure(error: BaseException, trainer: pl.Trainer, folder: Path) -> Ran
         return None
     processes = getattr(trainer.strategy.launcher, "procs", None) or []
     codes = [p.exitcode for p in processes]
-    # The launcher stops the survivors with SIGTERM (Lightning's handler in a rank then exits with 1), so a rank
-    # ended by another signal is the one that died; otherwise the first rank the launcher saw fail.
+    first = int(getattr(error, "error_index", 0))
+    # The launcher stops the other ranks with SIGTERM (Lightning's handler then exits with 1) and kills those that
+    # do not end within 30 s: a stalled rank ends by SIGKILL, a dead one by whatever killed it.
     killed = [r for r, c in enumerate(codes) if c is not None and c < 0 and c != -signal.SIGTERM]
-    rank = killed[0] if killed else int(getattr(error, "error_index", 0))
-    code = codes[rank] if rank < len(codes) else None
-    if isinstance(error, ProcessRaisedException):
-        lines = [line for line in str(error).strip().splitlines() if line.strip()]
-        how = f"raised {lines[-1].strip()}" if lines else "raised an error"
-        if "timed out" in str(error).lower() or "timeout" in str(error).lower():
-            how = f"gave up after waiting {PROCESS_GROUP_TIMEOUT.seconds} s for another rank in a collective"
-    elif code is not None and code < 0:
-        how = f"was killed by {signal.Signals(-code).name}"
+    if isinstance(error, ProcessRaisedException) and _timed_out(error):
+        stalled = [r for r in killed if r != first] or [r for r in range(len(codes)) if r != first]
+        rank = stalled[0] if stalled else first
+        how = f"stopped responding: rank {first} waited {PROCESS_GROUP_TIMEOUT.seconds} s for it in a collective"
+    elif isinstance(error, ProcessRaisedException):
+        rank = first
+        lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+        how = f"raised {lines[-1]}" if lines else "raised an error"
     else:
-        how = f"exited with code {code}"
+        rank = killed[0] if killed else first
+        code = codes[rank] if rank < len(codes) else None
+        how = f"was killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exited ({code})"
     doing = _activities(folder)
     where = f" while {doing[rank]}" if rank in doing else ""
     others = "; ".join(f"rank {r} last: {d}" for r, d in sorted(doing.items()) if r != rank)
@@ -106,6 +108,11 @@ def rank_failure(error: BaseException, trainer: pl.Trainer, folder: Path) -> Ran
         + (f" ({others})" if others else "")
         + ". Its folder is kept (ending in .failed); continue it with the same command and resume=last."
     )
+
+
+def _timed_out(error: BaseException) -> bool:
+    text = str(error).lower()
+    return "timed out" in text or "timeout" in text
 
 
 def _activities(folder: Path) -> dict[int, str]:
