@@ -179,17 +179,21 @@ def _recipe_row(recipe: str, run: Path, target_val_oa: float, note: str) -> Row:
     )
 
 
-def _print(rows: list[Row]) -> None:
+def _header() -> None:
     print(
         f"{'scene':24} {'split':11} {'method':40} {'OA %':>6} {'AA %':>6} {'kappa':>6} {'wall s':>7} "
-        f"{'to SVM s':>8}  note"
+        f"{'to SVM s':>8}  note",
+        flush=True,
     )
-    for r in rows:
-        to_svm = "-" if r.method.startswith("RBF") else ("never" if r.to_svm is None else f"{r.to_svm:.1f}")
-        print(
-            f"{r.scene:24} {r.protocol:11} {r.method:40} {100 * r.oa:6.2f} {100 * r.aa:6.2f} {r.kappa:6.3f} "
-            f"{r.seconds:7.1f} {to_svm:>8}  {r.note}"
-        )
+
+
+def _print(r: Row) -> None:
+    to_svm = "-" if r.method.startswith("RBF") else ("never" if r.to_svm is None else f"{r.to_svm:.1f}")
+    print(
+        f"{r.scene:24} {r.protocol:11} {r.method:40} {100 * r.oa:6.2f} {100 * r.aa:6.2f} {r.kappa:6.3f} "
+        f"{r.seconds:7.1f} {to_svm:>8}  {r.note}",
+        flush=True,
+    )
 
 
 def main() -> int:
@@ -200,38 +204,32 @@ def main() -> int:
     parser.add_argument("--protocols", nargs="+", default=["stratified"], choices=("stratified", "disjoint"))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-epochs", type=int, help="cap every recipe's epochs (a quick pass; rows say so)")
+    parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="overrides for every fit (noted)")
     args = parser.parse_args()
     data_root = args.data_root.resolve() if args.data_root else None
 
-    rows: list[Row] = []
     margins: list[float] = []
+    _header()
     with tempfile.TemporaryDirectory(prefix="hslite-tta-") as tmp:
         for i, recipe in enumerate(args.recipes or _one_device_recipes()):
             scene, why = _scene_to_run(recipe, data_root)
             if scene is None:
                 print(f"skipped {recipe}: {why}", flush=True)
                 continue
-            overrides = [f"train.seed={args.seed}"]
-            note = why
+            overrides = [f"train.seed={args.seed}", *args.set]
+            note = ", ".join(filter(None, [why, *args.set]))
             if args.max_epochs:
                 overrides.append(f"train.max_epochs={args.max_epochs}")
                 note = ", ".join(filter(None, [note, f"capped at {args.max_epochs} epochs"]))
             for protocol in args.protocols:
                 run = _fit(recipe, scene, protocol, overrides, data_root, Path(tmp) / f"{i}-{protocol}")
                 svms = [_svm(run, with_mean) for with_mean in (False, True)]
-                best_svm, best_val = max(svms, key=lambda s: (s[1], s[0].oa))
+                best_val = max(val_oa for _, val_oa in svms)
                 ours = _recipe_row(recipe, run, best_val, note)
                 for row in (ours, *(s[0] for s in svms)):
                     row.scene, row.protocol = scene, protocol
-                    rows.append(row)
+                    _print(row)
                 margins.append(100 * (ours.oa - max(s[0].oa for s in svms)))
-                print(
-                    f"done {recipe} {protocol}: OA {100 * ours.oa:.2f} %, best SVM "
-                    f"{100 * max(s[0].oa for s in svms):.2f} %, {ours.seconds:.0f} s",
-                    flush=True,
-                )
-    print()
-    _print(rows)
     if not margins:
         print("no recipe ran: pass --data-root or --recipes of a synthetic scene")
         return 1

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from hslite.build import model_for
-from hslite.checkpoints import load_weights
+from hslite.checkpoints import read_checkpoint
 from hslite.config import Config, load_config, parse_overrides
 from hslite.datasets.fitted import FittedPreprocessing
 from hslite.datasets.geotiff_out import geotiff_writer, write_geotiff
@@ -37,6 +37,7 @@ from hslite.datasets.preprocess import patch_radius
 from hslite.datasets.scenes import load_scene, to_label_codes
 from hslite.errors import ConfigError, DataError
 from hslite.report import plot_map, write_json
+from hslite.resume import check_checkpoint_config
 from hslite.run_folder import RunFolder
 
 BLOCK_BYTES = 64 * 2**20  # raw cube bytes per block when tile_rows=0; the working set is a few times this
@@ -108,10 +109,13 @@ def load_run(run_dir: Path) -> tuple[Config, FittedPreprocessing, nn.Module]:
     cfg = load_config(str(config))
     prep = FittedPreprocessing.load(run_dir / "preprocessing.npz")
     model = model_for(cfg, prep.num_input_bands, prep.num_classes, prep.input_wavelengths_nm)
+    stored = read_checkpoint(checkpoint)
+    if "hslite" in stored:  # runs of hslite before checkpoints carried their config have no such entry
+        check_checkpoint_config(stored, cfg, checkpoint)
     try:
-        weights = load_weights(checkpoint)
+        weights = stored["state_dict"]
         model.load_state_dict({k.removeprefix("model."): v for k, v in weights.items() if k.startswith("model.")})
-    except (RuntimeError, OSError, EOFError, KeyError) as err:
+    except (RuntimeError, KeyError) as err:
         raise DataError(f"{checkpoint} does not hold this run's model ({str(err).splitlines()[0]}).") from err
     return cfg, prep, model
 

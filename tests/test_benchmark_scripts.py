@@ -57,3 +57,16 @@ def test_channel_groups_benchmark_small(tmp_path: Path) -> None:
     rows = [line.split() for line in result.stdout.splitlines() if re.match(r"^\s+[124]\s+\d", line)]
     assert [row[0] for row in rows] == ["1", "2", "4"]
     assert all(row[6] == row[7] for row in rows)  # predicted and measured all-gathered bytes agree
+
+
+@pytest.mark.slow
+def test_time_to_accuracy_quick(tmp_path: Path) -> None:
+    command = [sys.executable, "benchmarks/time_to_accuracy.py", "--recipes", "quickstart", "pavia_university_1gpu",
+               "--max-epochs", "2"]  # fmt: skip
+    result = _run(command, tmp_path, timeout_seconds=300)
+    last = _last_line(result)
+    assert re.fullmatch(r"worst margin over the better SVM: [+-]\d+\.\d\d OA points", last), last
+    assert "skipped pavia_university_1gpu: PaviaU.mat is not under --data-root" in result.stdout
+    rows = [line.split() for line in result.stdout.splitlines() if line.startswith("synthetic_indian_pines")]
+    assert [row[2] for row in rows] == ["hslite", "RBF-SVM", "RBF-SVM"]
+    assert "capped at 2 epochs" in " ".join(rows[0])
