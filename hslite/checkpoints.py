@@ -82,7 +82,12 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
         raise DataError(f"checkpoint {path} does not exist.")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, OSError, EOFError, pickle.UnpicklingError, ValueError) as err:
+    except pickle.UnpicklingError as err:  # torch's advice (weights_only=False) would run the file's code: not given
+        raise DataError(
+            f"checkpoint {path} holds objects other than tensors and plain data, which hslite does not unpickle (that "
+            "could run code from the file); it is not a checkpoint hslite wrote."
+        ) from err
+    except (RuntimeError, OSError, EOFError, ValueError) as err:
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise DataError(
             f"checkpoint {path} cannot be read ({reason}): it is truncated, corrupt or not a checkpoint. hslite writes "

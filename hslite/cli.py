@@ -99,6 +99,12 @@ def _cmd_data(args: argparse.Namespace) -> int:
     from hslite.config import parse_overrides
     from hslite.datasets import scenes
 
+    if args.scene and "=" in args.scene:  # argparse took an override for the scene
+        args.overrides, args.scene = [args.scene, *args.overrides], None
+    if args.action == "list" and args.scene:
+        raise HSLiteError(
+            f"`hslite data list` takes no scene, got {args.scene!r}; use `hslite data info {args.scene}`."
+        )
     options = dict(parse_overrides(args.overrides))
     unknown = set(options) - {"data.root"}
     if unknown:

@@ -17,6 +17,8 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
+from hslite.datasets.preprocess import NORMALISATIONS
+from hslite.datasets.splits import SPLIT_KINDS
 from hslite.errors import ConfigError
 from hslite.ranges import (
     AT_LEAST_0,
@@ -169,8 +171,13 @@ def check_config(cfg: Config) -> Config:
         problems.append(
             f"data.split=count needs data.train_per_class ≥ 1 (training pixels per class), got {d.train_per_class}."
         )
-    if cfg.parallel.plan not in ("manual", "auto"):
-        problems.append(f"parallel.plan must be 'manual' or 'auto', got {cfg.parallel.plan!r}.")
+    for key, value, choices in (
+        ("parallel.plan", cfg.parallel.plan, ("manual", "auto")),
+        ("data.split", d.split, SPLIT_KINDS),
+        ("data.normalisation", d.normalisation, NORMALISATIONS),
+    ):
+        if value not in choices:
+            problems.append(f"{key} must be one of {', '.join(repr(c) for c in choices)}, got {value!r}.")
     if problems:
         raise ConfigError(" ".join(problems))
     return cfg
@@ -205,7 +212,9 @@ def list_recipes() -> dict[str, str]:
 
 def _recipe_path(recipe: str) -> Path:
     candidate = Path(recipe)
-    if candidate.suffix in (".yaml", ".yml") and candidate.is_file():
+    if candidate.suffix in (".yaml", ".yml"):
+        if not candidate.is_file():
+            raise ConfigError(f"recipe file {recipe} does not exist (from {Path.cwd()}); check the path.")
         return candidate
     path = _recipe_dir() / f"{recipe}.yaml"
     if not path.is_file():
@@ -267,7 +276,8 @@ def parse_overrides(items: list[str]) -> list[tuple[str, str]]:
 def load_config(recipe: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Defaults < recipe < overrides, type- and range-checked; `recipe=NAME` may also come in overrides."""
     pairs = parse_overrides(list(overrides))
-    recipe = next((v for k, v in pairs if k == "recipe"), recipe) or "quickstart"
+    named = [v for k, v in pairs if k == "recipe"]
+    recipe = (named[-1] if named else recipe) or "quickstart"  # the last one, as for every other key
     pairs = [(k, v) for k, v in pairs if k != "recipe"]
 
     cfg = OmegaConf.structured(Config)
@@ -278,6 +288,13 @@ def load_config(recipe: str | None = None, overrides: list[str] | tuple[str, ...
         raise ConfigError(f"recipe {path} is not valid YAML: {err}") from None
     if not isinstance(body, dict):
         raise ConfigError(f"recipe {path} must be a mapping of sections, got {type(body).__name__}.")
+    sections = [f.name for f in fields(Config) if is_dataclass(f.default_factory)]
+    flat = [name for name in sections if name in body and not isinstance(body[name], dict)]
+    if flat:
+        raise ConfigError(
+            f"recipe {path}: section {flat[0]!r} must be a mapping of keys (e.g. `{flat[0]}:` then indented "
+            f"`key: value` lines), got {body[flat[0]]!r}."
+        )
     body.setdefault("recipe", path.stem)  # a run's config.yaml keeps the recipe it was made from
     cfg = _merge(cfg, OmegaConf.create(body), f"recipe {path.name}")
     for key, value in pairs:

@@ -38,7 +38,7 @@ from hslite.datasets.scenes import load_scene, to_label_codes
 from hslite.errors import ConfigError, DataError
 from hslite.report import plot_map, write_json
 from hslite.resume import check_checkpoint_config
-from hslite.run_folder import RunFolder
+from hslite.run_folder import RunFolder, check_writable
 
 BLOCK_BYTES = 64 * 2**20  # raw cube bytes per block when tile_rows=0; the working set is a few times this
 
@@ -106,17 +106,23 @@ def load_run(run_dir: Path) -> tuple[Config, FittedPreprocessing, nn.Module]:
             f"{run_dir} has no checkpoints/best.ckpt (it ran with output.save_checkpoint=false, or stopped before its "
             "first validation); train it again to predict with it."
         )
-    cfg = load_config(str(config))
+    try:
+        cfg = load_config(str(config))
+    except ConfigError as err:
+        raise DataError(f"{config} is damaged, so the run cannot be read back: {err}") from None
     prep = FittedPreprocessing.load(run_dir / "preprocessing.npz")
     model = model_for(cfg, prep.num_input_bands, prep.num_classes, prep.input_wavelengths_nm)
     stored = read_checkpoint(checkpoint)
     if "hslite" in stored:  # runs of hslite before checkpoints carried their config have no such entry
         check_checkpoint_config(stored, cfg, checkpoint)
+    weights = stored.get("state_dict")
+    if not isinstance(weights, dict):
+        raise DataError(f"{checkpoint} holds no model state (no 'state_dict'); it is not a checkpoint of hslite fit.")
     try:
-        weights = stored["state_dict"]
         model.load_state_dict({k.removeprefix("model."): v for k, v in weights.items() if k.startswith("model.")})
-    except (RuntimeError, KeyError) as err:
-        raise DataError(f"{checkpoint} does not hold this run's model ({str(err).splitlines()[0]}).") from err
+    except RuntimeError as err:
+        detail = " ".join(line.strip() for line in str(err).splitlines()[1:3])  # the missing / unexpected keys
+        raise DataError(f"{checkpoint} does not hold this run's {type(model).__name__}: {detail}") from err
     return cfg, prep, model
 
 
@@ -152,7 +158,9 @@ def predict(options: PredictOptions) -> PredictResult:
     block_rows = min(height, options.tile_rows or max(1, BLOCK_BYTES // (4 * width * bands)))
     batch_size = options.batch_size or cfg.data.eval_batch_size
     started = time.perf_counter()
-    with RunFolder(Path(options.output).expanduser() if options.output else run_dir / "predict") as folder:
+    out_root = Path(options.output).expanduser() if options.output else run_dir / "predict"
+    check_writable(out_root)
+    with RunFolder(out_root) as folder:
         with ExitStack() as stack:
             writer = None
             if options.probabilities:

@@ -61,7 +61,7 @@ def resumed_config(items: list[str]) -> Config:
         )
     saved_path = run / "config.yaml"
     saved = load_config(str(saved_path))
-    recipe = next((v for k, v in pairs if k == "recipe"), None)
+    recipe = next((v for k, v in reversed(pairs) if k == "recipe"), None)  # the last, as load_config takes
     if recipe is not None and recipe not in (saved.recipe, str(saved_path)):
         raise ConfigError(f"resume={where}: {run} is a run of recipe {saved.recipe!r}, not {recipe!r}.")
     cfg = load_config(str(saved_path), [item for item in rest if not item.startswith("recipe=")])

@@ -2,10 +2,10 @@
 
 Each row of the matrix runs one command that cannot succeed and proves four things about how it stops: a non-zero
 exit code (the one hslite documents where it documents one: 2 for usage, 1 for data), a message on stderr that names
-what was wrong, no traceback, and nothing half-written (no run folder for `fit`, no output folder for `predict`, and
-no code run from a file: a recipe or checkpoint that tries to run a command leaves no `pwned` file). A few rows run
-again through the real console script, because the in-process `main` cannot show what the interpreter prints on the
-way out.
+what was wrong, no traceback, and nothing half-written: no run folder for `fit`, no output folder for `predict`, the
+run handed to `predict` or `resume=` byte for byte as it was, and no code run from a file (a recipe or checkpoint
+that tries to run a command would leave a `pwned` file). A few rows run again through the real console script,
+because the in-process `main` cannot show what the interpreter prints on the way out.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import pytest
 
 from hslite.cli import main
 
-# One fast fit: the synthetic 24×24×32 scene, the 1-D CNN on single pixels, one epoch, no pre-flight probes.
+# One fast fit of the default recipe (quickstart): the synthetic 24×24×32 scene, the 1-D CNN on single pixels, one
+# epoch, no pre-flight probes. No recipe= here: the first recipe= on a command line wins, and cases name their own.
 QUICK = [
-    "recipe=quickstart",
     "data.scene=synthetic_tiny",
     "train.max_epochs=1",
     "train.progress=false",
@@ -137,21 +137,20 @@ def sandbox(tmp_path, monkeypatch):
 
 def _run(argv: list[str], capsys) -> tuple[int | None, str, str]:
     """Exit code, stdout + stderr, and stderr of `hslite ARGV` in this process; an escaped exception is a traceback."""
+    escaped = ""
     try:
         code = main(argv)
     except SystemExit as stop:  # argparse's usage errors leave this way, as they do from the console script
         code = stop.code
     except Exception:  # whatever escapes main would reach the user as a traceback
         code, escaped = None, traceback.format_exc()
-    else:
-        escaped = ""
     captured = capsys.readouterr()
     return code, captured.out + captured.err + escaped, captured.err
 
 
 def _assert_refused(
     argv: list[str], result: tuple, code: int | None, words: tuple[str, ...], untouched: list[Path], folder: Path
-):
+) -> None:
     got, everything, err = result
     command = "hslite " + " ".join(argv)
     assert "Traceback" not in everything, f"{command} printed a traceback:\n{everything[-3000:]}"
@@ -167,7 +166,9 @@ def _assert_refused(
     assert not (folder / MARKER).exists(), f"{command} ran a command from its input"
 
 
-# ------------------------------------------------------------------------------------------ fit: recipes, keys
+# ------------------------------------------------------------------- fit: keys, values, recipes, plans, data, output
+# (overrides after QUICK; files to write in the case's folder; exit code, None where any non-zero one will do; words
+# the message must hold)
 FIT_CASES = [
     # command line
     pytest.param(["recipe=quickstrat"], {}, 2, ("unknown recipe 'quickstrat'", "quickstart"), id="unknown-recipe"),
@@ -188,7 +189,7 @@ FIT_CASES = [
     pytest.param(["data.split=random"], {}, None, ("'random'", "stratified"), id="unknown-split-kind"),
     pytest.param(["data.normalisation=minmax"], {}, None, ("'minmax'", "zscore"), id="unknown-normalisation"),
     # recipe files of one's own
-    pytest.param(["recipe=absent.yaml"], {}, 2, ("absent.yaml",), id="recipe-file-absent"),
+    pytest.param(["recipe=absent.yaml"], {}, 2, ("absent.yaml", "does not exist"), id="recipe-file-absent"),
     pytest.param(
         ["recipe=evil.yaml"],
         {"evil.yaml": f'data:\n  scene: !!python/object/apply:os.system ["touch {MARKER}"]\n'},
@@ -221,7 +222,7 @@ FIT_CASES = [
         id="recipe-unknown-key",
     ),
     pytest.param(
-        ["recipe=flat.yaml"], {"flat.yaml": "data: 5\n"}, 2, ("flat.yaml", "data"), id="recipe-section-not-a-mapping"
+        ["recipe=flat.yaml"], {"flat.yaml": "data: 5\n"}, 2, ("flat.yaml", "'data'"), id="recipe-section-not-a-mapping"
     ),
     # plans
     pytest.param(
@@ -393,10 +394,10 @@ def test_other_commands_refuse_without_a_traceback(argv, files, code, words, san
     _assert_refused(argv, _run(argv, capsys), code, words, [sandbox / "runs"], sandbox)
 
 
-# ----------------------------------------------------------------------------------------------------- predict
+# ------------------------------------------------------------------------------------ predict and resume
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory) -> Path:
-    """One real quickstart run over synthetic_tiny (one epoch, with its map), for predict to be handed broken."""
+    """One real quickstart run over synthetic_tiny (one epoch, with its map), to hand to predict and resume broken."""
     folder = tmp_path_factory.mktemp("finished")
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(folder)
@@ -404,36 +405,46 @@ def finished_run(tmp_path_factory) -> Path:
         code = main(["fit", *QUICK, "output.root=runs", "output.save_map=true"])
     assert code == 0
     (run,) = (folder / "runs" / "quickstart").iterdir()
-    assert (run / "checkpoints" / "best.ckpt").is_file()
+    assert (run / "checkpoints" / "best.ckpt").is_file() and (run / "checkpoints" / "last.ckpt").is_file()
     return run
 
 
-BEST = "checkpoints/best.ckpt"
+BEST, LAST = "checkpoints/best.ckpt", "checkpoints/last.ckpt"
 
-# (arguments after `predict`, with {run} for a fresh copy of the finished run; files to break in that copy; files
-# to write in the case's folder; exit code; words the message must hold)
+# (the command, with {run} for a fresh copy of the finished run; files to break in that copy; files to write in the
+# case's folder; exit code, None where any non-zero one will do; words the message must hold)
 PREDICT_CASES = [
-    pytest.param([], {}, {}, 2, ("needs run=RUN_DIR",), id="no-run"),
-    pytest.param(["run=absent"], {}, {}, 1, ("absent does not exist", "run=DIR"), id="run-absent"),
+    pytest.param(["predict"], {}, {}, 2, ("needs run=RUN_DIR",), id="no-run"),
+    pytest.param(["predict", "run=absent"], {}, {}, 1, ("absent does not exist", "run=DIR"), id="run-absent"),
     pytest.param(
-        ["run=notarun"], {}, {"notarun/notes.txt": "not a run\n"}, 1, ("notarun has no config.yaml",), id="not-a-run"
+        ["predict", "run=notarun"],
+        {},
+        {"notarun/notes.txt": "not a run\n"},
+        1,
+        ("notarun has no config.yaml",),
+        id="not-a-run",
     ),
-    pytest.param(["run={run}"], {BEST: GARBAGE}, {}, 1, ("best.ckpt",), id="checkpoint-garbage"),
-    pytest.param(["run={run}"], {BEST: b""}, {}, 1, ("best.ckpt",), id="checkpoint-empty"),
-    pytest.param(["run={run}"], {BEST: fx.truncate}, {}, 1, ("best.ckpt",), id="checkpoint-truncated"),
+    pytest.param(["predict", "run={run}"], {BEST: GARBAGE}, {}, 1, ("best.ckpt",), id="checkpoint-garbage"),
+    pytest.param(["predict", "run={run}"], {BEST: b""}, {}, 1, ("best.ckpt",), id="checkpoint-empty"),
+    pytest.param(["predict", "run={run}"], {BEST: fx.truncate}, {}, 1, ("best.ckpt",), id="checkpoint-truncated"),
     pytest.param(
-        ["run={run}"],
+        ["predict", "run={run}"],
         {BEST: _torch_file(_foreign_weights)},
         {},
         1,
-        ("best.ckpt", "does not hold this run's model"),
+        ("best.ckpt", "does not hold this run's CNN1D", "Missing key(s)"),
         id="checkpoint-of-another-model",
     ),
     pytest.param(
-        ["run={run}"], {BEST: _torch_file(lambda: {"epoch": 1})}, {}, 1, ("best.ckpt",), id="checkpoint-no-state-dict"
+        ["predict", "run={run}"],
+        {BEST: _torch_file(lambda: {"epoch": 1})},
+        {},
+        1,
+        ("best.ckpt",),
+        id="checkpoint-no-state-dict",
     ),
     pytest.param(
-        ["run={run}"],
+        ["predict", "run={run}"],
         {BEST: _torch_file(lambda: {"state_dict": _RunsACommand()})},
         {},
         1,
@@ -441,30 +452,52 @@ PREDICT_CASES = [
         id="checkpoint-that-runs-code",
     ),
     pytest.param(
-        ["run={run}"], {"preprocessing.npz": GARBAGE}, {}, 1, ("preprocessing.npz",), id="preprocessing-garbage"
+        ["predict", "run={run}"],
+        {"preprocessing.npz": GARBAGE},
+        {},
+        1,
+        ("preprocessing.npz",),
+        id="preprocessing-garbage",
     ),
     pytest.param(
-        ["run={run}"], {"config.yaml": "data: [unclosed\n"}, {}, None, ("config.yaml",), id="run-config-bad-yaml"
+        ["predict", "run={run}"],
+        {"config.yaml": "data: [unclosed\n"},
+        {},
+        None,
+        ("config.yaml",),
+        id="run-config-bad-yaml",
     ),
     pytest.param(
-        ["run={run}", "cube=short.npy"],
+        ["predict", "run={run}", "cube=short.npy"],
         {},
         {"short.npy": np.zeros((24, 24, 30), dtype=np.float32)},
         1,
         ("short.npy has 30 bands", "32-band cube"),
         id="cube-wrong-band-count",
     ),
-    pytest.param(["run={run}", "cube=absent.npy"], {}, {}, 1, ("absent.npy (cube) does not exist",), id="cube-absent"),
     pytest.param(
-        ["run={run}", "cube=junk.npy"], {}, {"junk.npy": GARBAGE}, 1, ("junk.npy", "could not be read"), id="cube-junk"
-    ),
-    pytest.param(["run={run}", "probabilities=maybe"], {}, {}, 2, ("probabilities", "maybe"), id="bad-bool"),
-    pytest.param(["run={run}", "tile_rows=-1"], {}, {}, 2, ("tile_rows=-1",), id="negative-tile-rows"),
-    pytest.param(
-        ["run={run}", "output=taken.txt"], {}, {"taken.txt": "a file\n"}, 1, ("taken.txt",), id="output-is-a-file"
+        ["predict", "run={run}", "cube=absent.npy"], {}, {}, 1, ("absent.npy (cube) does not exist",), id="cube-absent"
     ),
     pytest.param(
-        ["run={run}", "output=locked/maps"],
+        ["predict", "run={run}", "cube=junk.npy"],
+        {},
+        {"junk.npy": GARBAGE},
+        1,
+        ("junk.npy", "could not be read"),
+        id="cube-junk",
+    ),
+    pytest.param(["predict", "run={run}", "probabilities=maybe"], {}, {}, 2, ("probabilities", "maybe"), id="bad-bool"),
+    pytest.param(["predict", "run={run}", "tile_rows=-1"], {}, {}, 2, ("tile_rows=-1",), id="negative-tile-rows"),
+    pytest.param(
+        ["predict", "run={run}", "output=taken.txt"],
+        {},
+        {"taken.txt": "a file\n"},
+        1,
+        ("taken.txt",),
+        id="output-is-a-file",
+    ),
+    pytest.param(
+        ["predict", "run={run}", "output=locked/maps"],
         {},
         {"locked": _locked_folder},
         1,
@@ -473,20 +506,36 @@ PREDICT_CASES = [
         marks=AS_ROOT,
     ),
 ]
+RESUME_CASES = [
+    pytest.param(["fit", "resume=absent"], {}, {}, 1, ("resume=absent", "not a run folder"), id="resume-absent"),
+    pytest.param(["fit", "resume=last"], {}, {}, 1, ("resume=last", "no stopped run"), id="resume-last-none-stopped"),
+    pytest.param(["fit", "resume={run}"], {}, {}, 1, ("is a finished run",), id="resume-finished-run"),
+    pytest.param(
+        ["fit", "resume={run}", "train.lr=0.5"], {}, {}, 2, ("resume=", "train.lr"), id="resume-changing-the-config"
+    ),
+    pytest.param(["fit", "resume={run}"], {LAST: GARBAGE}, {}, 1, ("last.ckpt",), id="resume-checkpoint-garbage"),
+]
 
 
-def _predict_argv(args: list[str], damage: dict, files: dict, finished: Path, folder: Path) -> list[str]:
+def _on_a_copy(command: list[str], damage: dict, files: dict, finished: Path, folder: Path) -> list[str]:
     run = shutil.copytree(finished, folder / "run", ignore=shutil.ignore_patterns("predict"))
     _write(run, damage)
     _write(folder, files)
-    return ["predict", *(arg.format(run=run) for arg in args), "progress=false"]
+    quiet = ["progress=false"] if command[0] == "predict" else []
+    return [arg.format(run=run) for arg in command] + quiet
 
 
-@pytest.mark.parametrize(("args", "damage", "files", "code", "words"), PREDICT_CASES)
-def test_predict_refuses_without_an_output_folder(args, damage, files, code, words, finished_run, sandbox, capsys):
-    argv = _predict_argv(args, damage, files, finished_run, sandbox)
-    untouched = [sandbox / "run" / "predict", sandbox / "notarun" / "predict", sandbox / "locked"]
+def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*")}
+
+
+@pytest.mark.parametrize(("command", "damage", "files", "code", "words"), PREDICT_CASES + RESUME_CASES)
+def test_predict_and_resume_leave_the_run_as_it_was(command, damage, files, code, words, finished_run, sandbox, capsys):
+    argv = _on_a_copy(command, damage, files, finished_run, sandbox)
+    before = _snapshot(sandbox / "run")
+    untouched = [sandbox / "runs", sandbox / "notarun" / "predict", sandbox / "locked"]
     _assert_refused(argv, _run(argv, capsys), code, words, untouched, sandbox)
+    assert _snapshot(sandbox / "run") == before, f"hslite {' '.join(argv)} changed the run it was given"
     assert not (sandbox / "taken.txt").is_dir()
 
 
@@ -502,8 +551,8 @@ def _case(table: list, case_id: str) -> tuple:
 )
 def test_the_console_script_exits_without_a_traceback(table, case_id, sandbox, request):
     if table is PREDICT_CASES:
-        args, damage, files, code, words = _case(table, case_id)
-        argv = _predict_argv(args, damage, files, request.getfixturevalue("finished_run"), sandbox)
+        command, damage, files, code, words = _case(table, case_id)
+        argv = _on_a_copy(command, damage, files, request.getfixturevalue("finished_run"), sandbox)
         untouched = [sandbox / "run" / "predict"]
     else:
         overrides, files, code, words = _case(table, case_id)

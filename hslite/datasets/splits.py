@@ -8,6 +8,7 @@ patches: random pixel splits put most test patches over training pixels, which i
 from __future__ import annotations
 
 import json
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,7 +63,7 @@ class Split:
                 fields = {key: data[key] for key in ("kind", "seed", "train", "val", "test")}
                 patch = int(data["patch_size"]) if "patch_size" in data else -1
                 options = json.loads(str(data["options"])) if "options" in data else {}
-        except (OSError, ValueError, KeyError) as err:
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as err:
             raise DataError(
                 f"{path} is not a split file written by Split.save ({err}); make it with make_split."
             ) from err
