@@ -189,7 +189,8 @@ def _train_and_evaluate(
     )
     wall_start = time.perf_counter()
     try:
-        trainer.fit(task, datamodule=datamodule, ckpt_path=work_dir / "checkpoints" / LAST if resumptions else None)
+        last = work_dir / "checkpoints" / LAST if resumptions else None
+        trainer.fit(task, datamodule=datamodule, ckpt_path=last, weights_only=True)  # whatever the strategy
     except Exception as err:
         failed = rank_failure(err, trainer, work_dir / "ranks")
         if failed is None:

@@ -41,7 +41,7 @@ def test_precedence_cli_over_recipe_over_defaults():
     assert cfg.train.max_epochs == 3  # command line beats the recipe's 40
     assert cfg.data.scene == "salinas_a"  # recipe beats the default
     assert cfg.train.lr == defaults.train.lr  # untouched keys keep the default
-    assert load_config("salinas_a_1gpu").train.max_epochs == 40
+    assert load_config("salinas_a_1gpu").train.max_epochs == 60
 
 
 def test_recipe_can_come_from_overrides_and_yaml_path(tmp_path):

@@ -123,9 +123,8 @@ def test_a_run_folder_in_use_cannot_be_resumed(tmp_path):
     from hslite.errors import HSLiteError
     from hslite.run_folder import RunFolder
 
-    with RunFolder(tmp_path / "r") as live:
-        with pytest.raises(HSLiteError, match="in use by another hslite process"), RunFolder(tmp_path, resume=live.path):
-            pass
+    with RunFolder(tmp_path / "r") as live, pytest.raises(HSLiteError, match="in use by another hslite process"):
+        RunFolder(tmp_path, resume=live.path).__enter__()
 
 
 def test_a_full_disk_before_training_is_one_sentence_and_writes_nothing(tmp_path, monkeypatch, capsys):
