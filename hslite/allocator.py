@@ -2,10 +2,10 @@
 
 glibc serves an allocation above its mmap threshold (at most 32 MiB by its own growth rule) from a fresh mapping and
 unmaps it on free, so a step whose activations are that large page-faults all of them in again, every step. The 3-D
-CNN of the Salinas-A recipe (20 components, 9×9 patches) evaluated 1,890 samples/s at a batch of 1,024 against 3,330
-with the memory kept, and trained at 533 against 641 samples/s (whole command 58 s against 47 s, same accuracy;
-2-core EPYC, torch 2.13). The resident peak barely moves (764 against 777 MB): the memory was in use at the peak
-anyway. PyTorch's CUDA caching allocator keeps GPU memory for the same reason.
+CNN of Salinas-A (20 components, 9×9 patches, as its recipe then was) evaluated 1,890 samples/s at a batch of 1,024
+against 3,330 with the memory kept, and trained at 533 against 641 samples/s (whole command 58 s against 47 s, same
+accuracy; 2-core EPYC, torch 2.13). The resident peak barely moves (764 against 777 MB): the memory was in use at
+the peak anyway. PyTorch's CUDA caching allocator keeps GPU memory for the same reason.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ import os
 import shutil
 import signal
 import sys
+import tempfile
 import threading
 import traceback
 from datetime import datetime
@@ -44,23 +45,30 @@ _WRITE_ERRNOS = {
 
 
 def check_writable(folder: Path, need_bytes: int = 0) -> None:
-    """Raise OutputError unless `folder` can be created and written, with `need_bytes` free; before any training."""
+    """Raise OutputError unless run folders can be made under `folder` with `need_bytes` free; creates nothing.
+
+    The nearest existing folder on the way is tried with a temporary file, so a run refused later (a NO-GO) leaves no
+    empty folder behind.
+    """
     existing = next((p for p in (folder, *folder.parents) if p.exists()), Path("."))
+    if not existing.is_dir():
+        raise OutputError(
+            f"cannot write run folders under {folder}: {existing} is a file, not a folder. Set output.root elsewhere."
+        )
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / f".hslite-write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
+        fd, probe = tempfile.mkstemp(prefix=".hslite-write-test-", dir=existing)
+        os.close(fd)
+        os.unlink(probe)
     except OSError as err:
         reason = _WRITE_ERRNOS.get(err.errno or 0, err.strerror or str(err))
         raise OutputError(
             f"cannot write run folders under {folder}: {reason} (at {existing}). "
             "Set output.root to a folder you can write, or free it."
         ) from None
-    free = shutil.disk_usage(folder).free
+    free = shutil.disk_usage(existing).free
     if free < need_bytes:
         raise OutputError(
-            f"{folder} has {free / 2**20:.0f} MiB free and the run's checkpoints need about {need_bytes / 2**20:.0f} "
+            f"{existing} has {free / 2**20:.0f} MiB free and the run's checkpoints need about {need_bytes / 2**20:.0f} "
             "MiB; free some space or set output.root elsewhere."
         )
 

@@ -55,7 +55,7 @@ def test_the_config_of_a_plan_loads_back_as_that_plan_and_says_manual():
     for plan in (FASTER.with_(accelerator="cpu"), Plan(devices=4, batch_size=16, compression="int8"), SPLITS_BANDS):
         written = config_for_plan(cfg, plan)
         assert plan_from_config(written) == plan and written.parallel.plan == "manual"
-    with pytest.raises(ConfigError, match="'manual' or 'auto'"):
+    with pytest.raises(ConfigError, match="one of 'manual', 'auto'"):
         load_config("quickstart", ["parallel.plan=fastest"])
 
 
