@@ -195,14 +195,16 @@ def _predicted(cfg: Config) -> CompareRow:
 
 
 def _measured(recipe: str, overrides: list[str], cfg: Config, folder: Path, steps: int) -> CompareRow:
-    slug = cfg.recipe + ("-auto" if cfg.parallel.plan == "auto" else "")
-    root, log = folder / "runs" / slug, folder / "logs" / f"{slug}.log"
+    auto = cfg.parallel.plan == "auto"
+    slug = cfg.recipe + ("-auto" if auto else "")
+    # fit writes <output.root>/<recipe>/<stamp>; the auto row of a recipe measured too gets a folder of its own
+    root, log = folder / "runs" / ("auto" if auto else ""), folder / "logs" / f"{slug}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "hslite.cli", "fit", f"recipe={recipe}", *overrides, *MEASURE_OVERRIDES]
     command += [f"train.max_steps={steps + WARMUP_STEPS}", f"output.root={root}"]
     with log.open("w") as out:
         code = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, check=False).returncode
-    row = CompareRow(_label(cfg), auto=cfg.parallel.plan == "auto")
+    row = CompareRow(_label(cfg), auto=auto)
     finished = [d for d in (root / cfg.recipe).glob("*") if d.is_dir() and "." not in d.name]
     if code != 0 or not finished:
         row.failure = f"{_last_error(log)} (exit {code}; log: {log.relative_to(folder)})"
