@@ -70,3 +70,11 @@ def test_time_to_accuracy_quick(tmp_path: Path) -> None:
     rows = [line.split() for line in result.stdout.splitlines() if line.startswith("synthetic_indian_pines")]
     assert [row[2] for row in rows] == ["hslite", "RBF-SVM", "RBF-SVM"]
     assert "capped at 2 epochs" in " ".join(rows[0])
+
+
+@pytest.mark.slow
+def test_allocator_benchmark_quick(tmp_path: Path) -> None:
+    result = _run([sys.executable, "benchmarks/allocator.py", "--seconds", "0.05"], tmp_path, timeout_seconds=200)
+    last = _last_line(result)
+    assert re.fullmatch(r"kept / default at batch 2048, 9x9: \d+\.\d\dx", last), last
+    assert len([line for line in result.stdout.splitlines() if re.match(r"^\s+[79]\s+\d+\s", line)]) == 8
