@@ -202,11 +202,8 @@ def _train_and_evaluate(
     best = Path(checkpoint.best_model_path).resolve() if checkpoint and checkpoint.best_model_path else None
     if best is not None:
         task.load_state_dict(load_weights(best))
-    evaluator = pl.Trainer(
-        **trainer_kwargs(plan.single_device(), progress=False),
-        logger=False,
-        limit_predict_batches=_limit(cfg.train.limit_test_batches),
-    )
+    # train.limit_test_batches limits the test pass only: a map is always of the whole scene.
+    evaluator = pl.Trainer(**trainer_kwargs(plan.single_device(), progress=False), logger=False)
     scene, test = datamodule.scene, datamodule.split.test
     # One inference pass when a map is wanted: the whole scene is predicted and its test pixels are scored from it.
     whole_scene = cfg.output.save_map and cfg.train.limit_test_batches == 1.0
@@ -214,7 +211,12 @@ def _train_and_evaluate(
     if predicted is not None:
         scored = predicted.reshape(scene.gt.shape)[test[:, 0], test[:, 1]]
     else:
-        scored = _predict(evaluator, task, datamodule.test_dataloader())
+        tester = pl.Trainer(
+            **trainer_kwargs(plan.single_device(), progress=False),
+            logger=False,
+            limit_predict_batches=_limit(cfg.train.limit_test_batches),
+        )
+        scored = _predict(tester, task, datamodule.test_dataloader())
     targets = scene.gt[test[: len(scored), 0], test[: len(scored), 1]] - 1
     scores = task.score(torch.from_numpy(scored), torch.from_numpy(targets))
     metrics: dict[str, Any] = {

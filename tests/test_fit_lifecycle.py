@@ -3,6 +3,7 @@ interruption, checkpoints that always load, and a best checkpoint that does not 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -160,3 +161,12 @@ def test_a_signal_is_an_interruption_even_when_it_surfaces_as_another_error(tmp_
     assert caught.value.exit_code == 143
     assert (run.path / "error.txt").read_text().startswith("interrupted by SIGTERM")
     assert signal.getsignal(signal.SIGTERM) is before  # the handler is gone with the run folder
+
+
+def test_a_limited_test_pass_still_maps_the_whole_scene(tmp_path):
+    args = ["fit", "recipe=quickstart", *QUICK, "output.save_map=true", "data.eval_batch_size=64"]
+    assert main([*args, "train.max_epochs=1", "train.limit_test_batches=2", f"output.root={tmp_path}"]) == 0
+    (run,) = (tmp_path / "quickstart").iterdir()
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert (run / "map.png").is_file() and (run / "prediction.tif").is_file()
+    assert sum(map(sum, metrics["confusion_matrix"])) == 128  # two test batches scored, the whole scene mapped
