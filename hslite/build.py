@@ -36,12 +36,15 @@ def plan_from_config(cfg: Config) -> Plan:
         chag=p.chag,
         rotation_groups=p.rotation_groups,
         fsdp=p.fsdp,
+        tf32=p.tf32,
+        cudnn_benchmark=p.cudnn_benchmark,
     ).validate()
 
 
 # The Plan fields a recipe sets under parallel.* (its per-device batch is data.batch_size).
 _PARALLEL_FIELDS = (
     "devices", "num_nodes", "accelerator", "accumulate", "precision", "compression", "chag", "rotation_groups", "fsdp",
+    "tf32", "cudnn_benchmark",
 )  # fmt: skip
 
 
@@ -87,6 +90,8 @@ def build_datamodule(cfg: Config) -> HSIDataModule:
         class_names=list(d.class_names),
         wavelengths=d.wavelengths,
         ignore_label=d.ignore_label,
+        # GPU batches are gathered into pinned memory, so the copy up overlaps the step (patches.to_device).
+        pin_memory=resolve_accelerator(cfg.parallel.accelerator) == "gpu",
     )
 
 

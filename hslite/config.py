@@ -108,6 +108,8 @@ class ParallelConfig:
     chag: int = ranged(1, AT_LEAST_1)  # ranks sharing one batch's band groups (channel parallelism); 1 means off
     rotation_groups: int = ranged(0, AT_LEAST_0)  # band groups active per step (channel-subset rotation); 0 means off
     fsdp: bool = False  # shard parameters, gradients and optimiser state
+    tf32: bool = True  # CUDA only: fp32 matmuls/convolutions on TF32 tensor cores (the probe times it); false: fp32
+    cudnn_benchmark: bool = True  # CUDA only: cuDNN times kernels per input shape (off under train.deterministic)
     # "manual" trains the layout above; "auto" trains the fastest plan the pre-flight predicts at this global batch on
     # the devices present (the layout above is only where the search starts), because which trick pays depends on
     # the model and the box, and the pre-flight has measured both (hslite/auto_plan.py; plan_choice.json says why)

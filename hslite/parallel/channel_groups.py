@@ -15,7 +15,8 @@ the exchange's backward returns every slice's token gradient to the group's owne
 chag × the batch's, and the average over the chag ranks (zero on the others) divides that back. Every rank thus
 ends with the gradient of one process over the dp ranks' samples (exact in fp32 up to summation order;
 tests/test_channel_groups.py). A group's own parameters are unused on the ranks that do not own it, so DDP runs
-with find_unused_parameters.
+with find_unused_parameters, and its gradient hook waits for the exchange so that every rank issues the two
+communicators' collectives in one order (exchange_order.py: NCCL hangs otherwise).
 """
 
 from __future__ import annotations
@@ -27,9 +28,12 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.strategies import DDPStrategy
 from torch import Tensor, nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.device_mesh import init_device_mesh
+from torch.nn.parallel import DistributedDataParallel
 
 from hslite.errors import ConfigError
+from hslite.parallel.exchange_order import ExchangeOrder, ordered_hook
 from hslite.parallel.group_owners import rank_groups
 from hslite.parallel.strategies import CompressedDDPStrategy
 
@@ -80,6 +84,8 @@ class _ExchangeGroupTokens(torch.autograd.Function):
         local = grad.new_empty((sum(ctx.splits), g, *grad.shape[2:]))
         dist.all_to_all_single(local, per_rank.contiguous(), ctx.splits, [mine] * ranks, group=ctx.group)
         ctx.counter.bytes_received += local.numel() * local.element_size()
+        if ctx.counter.order is not None:
+            ctx.counter.order.exchanged()
         return local, None, None, None
 
 
@@ -100,9 +106,17 @@ class ChannelGroups:
     groups under channel-subset rotation: the same number on every rank of the chag group (see rotation.py).
     """
 
-    def __init__(self, group_sizes: Sequence[int], chag: int, chag_rank: int, group: Any = None) -> None:
+    def __init__(
+        self,
+        group_sizes: Sequence[int],
+        chag: int,
+        chag_rank: int,
+        group: Any = None,
+        order: ExchangeOrder | None = None,
+    ) -> None:
         check_divides(len(group_sizes), chag)
         self.chag, self.chag_rank, self.group = chag, chag_rank, group
+        self.order = order  # DDP's gradient hook state, told when the exchange's backward has run
         self.owners = rank_groups(group_sizes, chag)  # bands balanced across the ranks
         self.owned = self.owners[chag_rank]
         # Bytes the token exchange writes on this rank (forward tokens, backward gradients), summed over calls: the
@@ -123,6 +137,8 @@ class ChannelGroups:
     def __call__(self, model: BandGroupModel, x: Tensor, active: Sequence[int] | None = None) -> Tensor:
         """Logits (m, classes) of `model` (a band-group model) for this rank's m samples of patches x (n, B, p, p)."""
         taking_part = [[g for g in owned if active is None or g in active] for owned in self.owners]
+        if self.order is not None and torch.is_grad_enabled():
+            self.order.step_started()
         local = model.encode_groups(x, taking_part[self.chag_rank])
         tokens = _ExchangeGroupTokens.apply(local, self.group, self.sample_splits(len(x)), self)
         return model.head(model.aggregate(tokens, [g for owned in taking_part for g in owned]))  # in rank order
@@ -139,8 +155,12 @@ class ChannelGroups:
         summed = nn.functional.cross_entropy(
             logits, own, weight=loss.weight, ignore_index=loss.ignore_index, reduction="sum"
         )
-        labelled = targets[targets != loss.ignore_index]
-        total = labelled.numel() if loss.weight is None else loss.weight[labelled].sum()
+        # No boolean-mask indexing: its output size is data-dependent, a host-device sync on every step on a GPU.
+        labelled = targets != loss.ignore_index
+        if loss.weight is None:
+            total = labelled.sum()
+        else:
+            total = torch.where(labelled, loss.weight[targets.where(labelled, 0)], 0).sum()
         return summed * self.chag / total
 
 
@@ -151,6 +171,7 @@ class ChannelGroupDDPStrategy(DDPStrategy):
         super().__init__(**{**kwargs, "find_unused_parameters": True})  # groups are unused on ranks not owning them
         self.chag = chag
         self._chag_group: Any = None
+        self._order: ExchangeOrder | None = None
 
     def setup_environment(self) -> None:
         """Start the process group as Lightning does, then the (dp, chag) mesh on it."""
@@ -176,10 +197,31 @@ class ChannelGroupDDPStrategy(DDPStrategy):
                 f"{type(model).__name__} has none. Set parallel.chag=1 or model.name=channel_vit."
             )
         sizes = [stop - start for start, stop in band_groups]
+        self._order = None
         trainer.lightning_module.channel_groups = ChannelGroups(
             sizes, self.chag, self.global_rank % self.chag, self._chag_group
         )
         super().setup(trainer)
+
+    def configure_ddp(self) -> None:
+        """Wrap the model in DDP, then make its gradient all-reduce wait for the token exchange (exchange_order.py).
+
+        A compressed all-reduce (the subclass below) registers its hook through `_register_hook`, which wraps it;
+        otherwise the plain all-reduce is wrapped here.
+        """
+        super().configure_ddp()
+        if self._order is None:
+            ddp = self.model
+            if not isinstance(ddp, DistributedDataParallel):
+                raise RuntimeError(f"expected the model wrapped in DistributedDataParallel, got {type(ddp).__name__}")
+            self._register_hook(ddp, None, default_hooks.allreduce_hook)
+
+    def _register_hook(self, ddp: DistributedDataParallel, state: Any, hook: Any) -> None:
+        self._order = ExchangeOrder(state, hook)
+        ddp.register_comm_hook(self._order, ordered_hook)
+        groups = self.lightning_module.channel_groups
+        if groups is not None:
+            groups.order = self._order
 
 
 class ChannelGroupCompressedDDPStrategy(ChannelGroupDDPStrategy, CompressedDDPStrategy):

@@ -36,6 +36,8 @@ class Plan:
     chag: int = 1  # ranks that split one sample batch's band groups; 1 means no channel parallelism
     rotation_groups: int = 0  # band groups active per step under channel-subset rotation; 0 means off
     fsdp: bool = False  # shard parameters, gradients and optimiser state across the data-parallel ranks
+    tf32: bool = True  # CUDA only: fp32 matmuls and convolutions on TF32 tensor cores; False means full fp32
+    cudnn_benchmark: bool = True  # CUDA only: cuDNN times its kernels for each new input shape; False means heuristics
 
     @property
     def world_size(self) -> int:
@@ -93,6 +95,11 @@ class Plan:
             )
         if not problems and self.compression_enabled and self.fsdp:
             problems.append("compression and fsdp cannot be combined: FSDP reduce-scatters gradients itself")
+        if not problems and self.fsdp and self.precision == "16-mixed":
+            problems.append(
+                "fsdp cannot train in precision 16-mixed (Lightning's FSDP2 strategy has no fp16 loss scaler): use "
+                "parallel.precision=bf16-mixed or 32-true"
+            )
         if not problems and self.fsdp and (self.chag_enabled or self.rotation_enabled):
             problems.append(
                 "fsdp cannot be combined with chag or rotation_groups: their band groups' parameters go unused on "
@@ -104,7 +111,13 @@ class Plan:
 
     def single_device(self) -> Plan:
         """The same per-device batch and precision on one device: how evaluation and prediction run."""
-        return Plan(accelerator=self.accelerator, batch_size=self.batch_size, precision=self.precision)
+        return Plan(
+            accelerator=self.accelerator,
+            batch_size=self.batch_size,
+            precision=self.precision,
+            tf32=self.tf32,
+            cudnn_benchmark=self.cudnn_benchmark,
+        )
 
     def overrides(self) -> str:
         """The `key=value` overrides that ask `hslite fit` for this plan (the fields that set the layout)."""
@@ -112,6 +125,7 @@ class Plan:
             f"parallel.devices={self.devices} data.batch_size={self.batch_size} parallel.accumulate={self.accumulate} "
             f"parallel.precision={self.precision} parallel.compression={self.compression} parallel.chag={self.chag} "
             f"parallel.rotation_groups={self.rotation_groups} parallel.fsdp={str(self.fsdp).lower()}"
+            + "".join(f" parallel.{name}=false" for name in ("tf32", "cudnn_benchmark") if not getattr(self, name))
         )
 
     def describe(self) -> str:
@@ -218,25 +232,46 @@ def trainer_kwargs(plan: Plan, progress: bool = True, deterministic: bool = Fals
             callbacks.append(CompressionGuard("val/OA", tolerance_points=1.0, patience=2))
     from hslite.parallel.rank_setup import RankSetup
 
-    callbacks.append(RankSetup(threads_per_process(plan) if plan.accelerator == "cpu" else None, deterministic))
+    callbacks.append(
+        RankSetup(
+            threads_per_process(plan) if plan.accelerator == "cpu" else None,
+            deterministic,
+            tf32=plan.tf32,
+            cudnn_benchmark=plan.cudnn_benchmark,
+        )
+    )
     kwargs["callbacks"] = callbacks
     return kwargs
 
 
-# Every collective's deadline. A stalled rank ignores the launcher's SIGTERM and is killed 30 s later, so the job
-# ends about 15 + 30 s after the stall (48 s measured here, 54.6 s with 20 s), within the minute on a loaded box
-# (rank_watch.py). A step, a validation or a checkpoint write must not keep one rank from the others longer than this.
+# Every collective's deadline, and on GPUs NCCL's watchdog limit (a collective it times out aborts the waiting ranks,
+# SIGABRT). A stalled rank ignores the launcher's SIGTERM and is killed 30 s later, so the job ends about 15 + 30 s
+# after the stall (48 s measured here, 54.6 s with 20 s), within the minute on a loaded box (rank_watch.py). A
+# training step or a validation must not keep one rank from the others longer than this; the phases where one rank
+# works alone (rank 0 writing a checkpoint) end in a barrier, which waits FENCE_TIMEOUT instead (rank_watch.fence).
 PROCESS_GROUP_TIMEOUT = timedelta(seconds=15)
+FENCE_TIMEOUT = timedelta(minutes=10)
 
 
-def _backend(plan: Plan) -> str:
-    return "gloo" if plan.accelerator == "cpu" else "nccl"
+def process_group_backend(accelerator: str) -> str:
+    """The torch.distributed backend of a plan's process groups: gloo on CPU; on GPUs NCCL and gloo, by tensor device.
+
+    Why a backend per device type rather than NCCL alone: hslite hands collectives host-side values (the timing and
+    usage figures every rank reduces once an epoch, the random state and compression residuals a checkpoint gathers)
+    and an NCCL-only group has no CPU backend ("No backend type associated with device type cpu"). Moving them to the
+    GPU would add a host-device sync for figures that live on the host. With "cpu:gloo,cuda:nccl" every tensor goes
+    where it lives: gradients, tokens and FSDP shards over NCCL, host figures over gloo; object collectives and
+    barriers take gloo too (torch picks "cpu" for them when a group has it), so they allocate no CUDA memory, and
+    a barrier's deadline is gloo's, not NCCL's watchdog's. Sub-groups (DeviceMesh, `new_group`) inherit the pair.
+    """
+    return "gloo" if accelerator == "cpu" else "cpu:gloo,cuda:nccl"
 
 
 def _sharded_strategy(plan: Plan) -> Any:
     from hslite.parallel.fsdp import ShardedStrategy
 
-    return ShardedStrategy(plan.world_size, plan.precision, _backend(plan), PROCESS_GROUP_TIMEOUT)
+    backend = process_group_backend(plan.accelerator)
+    return ShardedStrategy(plan.world_size, plan.precision, backend, PROCESS_GROUP_TIMEOUT)
 
 
 def _ddp_strategy(plan: Plan) -> Any:
@@ -244,7 +279,7 @@ def _ddp_strategy(plan: Plan) -> Any:
 
     options: dict[str, Any] = {
         "start_method": "spawn",
-        "process_group_backend": _backend(plan),
+        "process_group_backend": process_group_backend(plan.accelerator),
         "timeout": PROCESS_GROUP_TIMEOUT,
     }
     if plan.rotation_enabled or plan.chag_enabled:

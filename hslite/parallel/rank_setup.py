@@ -1,4 +1,4 @@
-"""What every rank sets up for itself: its CPU thread budget, its allocator and a quiet Lightning.
+"""What every rank sets up for itself: its CPU thread budget, its allocator, CUDA's math settings and a quiet Lightning.
 
 Spawned ranks start as fresh interpreters, so settings made in the launching process (threads, warning filters,
 log levels) do not reach them; this callback applies them inside each rank before the first step.
@@ -7,6 +7,7 @@ log levels) do not reach them; this callback applies them inside each rank befor
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 
 import lightning.pytorch as pl
@@ -31,20 +32,50 @@ def quiet_lightning() -> None:
     warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
 
 
+# cuBLAS picks reduction orders per call unless its workspace is fixed; torch raises at the first cuBLAS call under
+# use_deterministic_algorithms without it (torch's "Reproducibility" notes). Read at each call, so setting it before
+# training is early enough even where the pre-flight probe already used cuBLAS in this process.
+CUBLAS_WORKSPACE = ":4096:8"
+
+
+def set_deterministic(deterministic: bool) -> None:
+    """Deterministic kernels only (or not), in this process: torch's switch and the cuBLAS workspace it needs."""
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+    torch.use_deterministic_algorithms(deterministic)  # set either way: it is global to the process
+
+
+def set_cuda_math(tf32: bool, cudnn_benchmark: bool) -> None:
+    """TF32 for fp32 matmuls and convolutions, and cuDNN's kernel timing, as a plan asks (the probe times them so).
+
+    Both are process-wide switches that torch leaves off; set either way so a probe of one plan does not leak into
+    the next. Harmless without CUDA: the CPU reads neither.
+    """
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.backends.cudnn.benchmark = cudnn_benchmark
+
+
 class RankSetup(pl.Callback):
-    """Apply the thread budget (CPU ranks), train.deterministic and the quiet logging in every rank before training.
+    """Apply the thread budget, train.deterministic, CUDA's math settings and quiet logging in every rank, at setup.
 
     Oversubscribed gloo runs (N processes × all cores) were up to 30× slower here and make step times meaningless;
     the pre-flight probe measures a rank with exactly cores ÷ N threads, so training must use the same.
     """
 
-    def __init__(self, threads: int | None, deterministic: bool = False) -> None:
+    def __init__(
+        self, threads: int | None, deterministic: bool = False, tf32: bool = True, cudnn_benchmark: bool = True
+    ) -> None:
         self.threads = threads
         self.deterministic = deterministic  # train.deterministic: Lightning sets it in the launching process only
+        self.tf32 = tf32
+        # cuDNN's benchmark mode chooses kernels by timing them, which is not deterministic.
+        self.cudnn_benchmark = cudnn_benchmark and not deterministic
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:  # noqa: D102
         quiet_lightning()
         keep_freed_memory()
-        torch.use_deterministic_algorithms(self.deterministic)  # set either way: it is global to the process
+        set_deterministic(self.deterministic)
+        set_cuda_math(self.tf32, self.cudnn_benchmark)
         if self.threads:
             torch.set_num_threads(self.threads)

@@ -86,7 +86,11 @@ class CompressedDDPStrategy(DDPStrategy):
         if not isinstance(ddp, DistributedDataParallel):
             raise RuntimeError(f"expected the model wrapped in DistributedDataParallel, got {type(ddp).__name__}")
         state.bind(ddp.module)
-        ddp.register_comm_hook(state, dispatch_hook)
+        self._register_hook(ddp, state, dispatch_hook)
+
+    def _register_hook(self, ddp: DistributedDataParallel, state: Any, hook: Any) -> None:
+        """Register DDP's one communication hook (channel groups wrap it to keep the collectives in order)."""
+        ddp.register_comm_hook(state, hook)
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Any | None = None) -> None:
         """Add every rank's compression state to a full checkpoint; Lightning calls this on all ranks."""
