@@ -2,6 +2,10 @@
 
 Loss, optimiser and metrics live here; the model and the data know nothing of them. Labels are zero-based class
 indices; -1 marks an unlabelled pixel and is ignored by the loss and the metrics.
+
+A training step never makes the host wait for the GPU, except on the steps where Lightning writes the loggers
+(`Trainer(log_every_n_steps)`): a wait empties the GPU's queue of kernels, which for the small HSI models (launch-bound
+on a GPU) costs about as much as the step. tests/test_host_syncs.py counts the waits.
 """
 
 from __future__ import annotations
@@ -33,6 +37,49 @@ def warmup_cosine(step: int, warmup_steps: int, total_steps: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+class TrainingScores(Metric):
+    """OA, AA and kappa of the batches seen, from a (true class × predicted class) count updated without a host sync.
+
+    torchmetrics' classification metrics wait for the GPU in every update, `validate_args=False` or not: ignore_index
+    drops the ignored targets with a boolean index (its size is known only on the device) and the counts go through
+    `torch.bincount`, whose CUDA kernel reads the largest value back first. Here an ignored target is counted with
+    weight 0 instead of dropped, and the counts are an equality test of each sample's cell against every cell (n × C²
+    booleans: no atomics, so deterministic, and no read-back). The scores are torchmetrics' definitions
+    (MulticlassAccuracy micro and macro, MulticlassCohenKappa), taken from the summed counts in `compute`, where the
+    ranks' counts are summed too; tests/test_task_metrics.py checks them against torchmetrics.
+    """
+
+    full_state_update = False
+
+    def __init__(self, num_classes: int, ignore_index: int = IGNORE_INDEX) -> None:
+        super().__init__()
+        self.num_classes = num_classes
+        self.ignore_index = ignore_index
+        self.counts: torch.Tensor
+        self.add_state("counts", torch.zeros(num_classes, num_classes, dtype=torch.long), dist_reduce_fx="sum")
+
+    def update(self, logits: torch.Tensor, target: torch.Tensor) -> None:
+        """Count a batch of logits (n, C) against its targets (n,), ignore_index ones with weight 0."""
+        c = self.num_classes
+        cells = target.clamp(min=0) * c + logits.argmax(dim=1)
+        counted = (cells[:, None] == torch.arange(c * c, device=cells.device)) & (target != self.ignore_index)[:, None]
+        self.counts += counted.sum(dim=0).view(c, c)
+
+    def compute(self) -> dict[str, torch.Tensor]:
+        """OA (micro accuracy), AA (macro: mean recall over the classes true or predicted at least once) and kappa."""
+        counts = self.counts.float()
+        total, hits = counts.sum(), counts.diagonal()
+        true, predicted = counts.sum(dim=1), counts.sum(dim=0)
+        seen = (true + predicted > 0).float()  # torchmetrics' macro average leaves out classes with no tp, fp or fn
+        recall = hits / true.clamp(min=1)
+        expected_hits = (true * predicted).sum() / total  # the trace of the chance-agreement matrix
+        return {
+            "OA": hits.sum() / total.clamp(min=1),
+            "AA": (recall * seen).sum() / seen.sum().clamp(min=1),
+            "kappa": 1 - (total - hits.sum()) / (total - expected_hits),
+        }
+
+
 class HSIClassifier(pl.LightningModule):
     """Cross-entropy classification of pixels from their patches, with OA / AA / kappa / per-class metrics."""
 
@@ -62,7 +109,7 @@ class HSIClassifier(pl.LightningModule):
         self.loss = nn.CrossEntropyLoss(weight=class_weights, ignore_index=IGNORE_INDEX)
 
     def configure_metrics(self) -> None:
-        """One metric collection, cloned per split with its prefix."""
+        """Validation and test: torchmetrics' collection, cloned per split with its prefix; training: TrainingScores."""
         c = self.num_classes
         metrics = MetricCollection(
             {
@@ -71,7 +118,7 @@ class HSIClassifier(pl.LightningModule):
                 "kappa": MulticlassCohenKappa(c, ignore_index=IGNORE_INDEX),
             }
         )
-        self.train_metrics = metrics.clone(prefix="train/")
+        self.train_metrics = TrainingScores(c)
         self.val_metrics = metrics.clone(prefix="val/")
         self.test_metrics = metrics.clone(prefix="test/")
         self.test_per_class = MulticlassAccuracy(c, average="none", ignore_index=IGNORE_INDEX)
@@ -95,12 +142,18 @@ class HSIClassifier(pl.LightningModule):
         return self.model(x)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        """One optimisation step's loss."""
+        """One optimisation step's loss.
+
+        train/loss is logged every step but read on the host only on logging steps: Lightning 2.6 turns a step value
+        into a number when it writes the loggers (every `log_every_n_steps`), and for the progress bar at the end of
+        every batch (`_ResultCollection.metrics`), whatever the bar's refresh rate and even with no bar. So it is
+        not on the progress bar, which shows the validation scores; metrics.csv has the loss of each logging step.
+        """
         x, y = batch
         logits = self.training_logits(x)
         loss = self.batch_loss(logits, y)
         self.update_metrics([self.train_metrics], logits.detach(), self.own_targets(y))
-        self.log("train/loss", loss, prog_bar=True, batch_size=len(y))
+        self.log("train/loss", loss, batch_size=len(y))
         return loss
 
     @staticmethod
@@ -131,7 +184,8 @@ class HSIClassifier(pl.LightningModule):
 
     def on_train_epoch_end(self) -> None:
         """Log the epoch's training metrics."""
-        self.log_dict(self.train_metrics.compute())  # torchmetrics has synced the ranks' states
+        scores = self.train_metrics.compute()  # torchmetrics has summed the ranks' counts
+        self.log_dict({f"train/{name}": value for name, value in scores.items()})
         self.train_metrics.reset()
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pickle
 
 import numpy as np
+import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
@@ -89,3 +90,36 @@ def test_gathered_batches_held_by_the_caller_are_never_overwritten():
     again = [gatherer.gather(c) for c in coords]
     assert all(torch.equal(a, b) for a, b in zip(kept, again, strict=True))
     assert len({_address(t) for t in kept + again}) == 16
+
+
+def test_a_pinning_pool_takes_each_batch_from_torchs_page_locked_allocator(monkeypatch):
+    # torch's allocator keeps a freed block from reuse until the asynchronous copies that read it have run (CUDA
+    # events); a pool of its own arrays could not tell (test_pinned_batches_are_not_reused_under_a_copy, on a GPU).
+    requests = []
+
+    def empty(*shape, **kwargs):
+        requests.append(kwargs)
+        return torch.zeros(*shape)
+
+    pool = BufferPool(pin_memory=True)
+    monkeypatch.setattr(torch, "empty", empty)
+    pool.empty((2, 3))
+    pool.empty((2, 3))
+    monkeypatch.setattr("hslite.datasets.batch_buffers.get_worker_info", lambda: object())
+    pool.empty((2, 3))  # in a worker: plain memory; the DataLoader pins the batch on arrival
+    monkeypatch.undo()
+    assert requests == [{"pin_memory": True}, {"pin_memory": True}, {}] and pool._arrays == []
+    assert pickle.loads(pickle.dumps(pool)).pin_memory
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: page-locked memory and CUDA events")
+def test_pinned_batches_are_not_reused_under_a_copy():
+    pool = BufferPool(pin_memory=True)
+    size = 1 << 22
+    torch.cuda._sleep(200_000_000)  # keeps the stream busy for ~0.1 s: the copy below runs after it
+    batch = pool.empty((size,)).fill_(1.0)
+    on_device = batch.to("cuda", non_blocking=True)
+    del batch  # freed while the copy is still queued
+    again = pool.empty((size,)).fill_(2.0)  # must not be the block the queued copy reads
+    assert bool((on_device == 1.0).all()) and again.is_pinned()

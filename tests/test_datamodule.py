@@ -80,3 +80,44 @@ def test_errors_are_data_errors(tmp_path):
         _module(split_file=str(tmp_path / "none.npz")).setup()
     with pytest.raises(DataError, match="too large"):
         _module(patch_size=49).setup()
+
+
+def _batches(module: HSIDataModule, loader: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    torch.manual_seed(0)  # the training sampler's order
+    return list(getattr(module, f"{loader}_dataloader")())
+
+
+@pytest.mark.parametrize("augment", [False, True])
+def test_the_device_resident_gather_makes_the_host_path_batches(augment):
+    host, resident = _module(augment=augment), _module(augment=augment, gather_device="cpu")
+    host.setup()
+    resident.setup()
+    gatherer = resident._datasets["train"].gatherer
+    assert not gatherer.native and gatherer.device.type == "cpu"  # the torch ops a GPU runs, not the C kernel
+    for loader in ("train", "val", "predict"):
+        for (x, y), (x_resident, y_resident) in zip(_batches(host, loader), _batches(resident, loader), strict=True):
+            assert torch.equal(x, x_resident) and torch.equal(y, y_resident), loader
+
+
+def test_pinning_is_for_cuda_and_the_gather_device_for_one_process(monkeypatch):
+    pinned = _module(pin_memory=True)
+    pinned.setup()
+    with pytest.raises(DataError, match="pin_memory=True page-locks batches for copies to a CUDA device"):
+        pinned.train_dataloader()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # what a GPU box says; nothing is gathered here
+    loader = pinned.train_dataloader()
+    assert loader.pin_memory and loader.dataset.gatherer._buffers.pin_memory
+    resident = _module(pin_memory=True, gather_device="cpu")  # batches are made on the device: nothing to pin
+    resident.setup()
+    assert not resident.train_dataloader().pin_memory and not resident._datasets["train"].gatherer._buffers.pin_memory
+    with pytest.raises(DataError, match="num_workers=2 asks for DataLoader workers"):
+        _module(gather_device="cuda", num_workers=2)
+    for wrong in ("meta", "gpu"):
+        with pytest.raises(DataError, match="gather_device must be None, 'cpu' or 'cuda"):
+            _module(gather_device=wrong)
+    on_cuda = _module(gather_device="cuda")
+    on_cuda.setup()  # the cube stays on the host until the first gather
+    assert on_cuda._datasets["train"].gatherer.storage.device.type == "cpu"
+    monkeypatch.undo()
+    with pytest.raises(DataError, match="gather_device='cuda' keeps the cube on a CUDA device, and torch sees none"):
+        on_cuda.train_dataloader()

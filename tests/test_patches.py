@@ -214,3 +214,24 @@ def test_dataloader_with_workers_and_augmentation(padded):
     augmented = torch.cat(batches)
     assert torch.equal(plain.flatten(2).sort(dim=2).values, augmented.flatten(2).sort(dim=2).values)
     assert not torch.equal(plain, augmented)
+
+
+def test_a_host_tensor_goes_to_cuda_page_locked_and_without_waiting(monkeypatch):
+    from hslite.datasets.patches import to_device
+
+    calls = []
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: calls.append("pin_memory") or self)
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *args, **kwargs: calls.append((args, kwargs)) or self)
+    to_device(torch.arange(3), torch.device("cuda", 0))
+    assert calls == ["pin_memory", ((torch.device("cuda", 0),), {"non_blocking": True})]
+    monkeypatch.undo()
+    index = torch.arange(3)
+    assert to_device(index, torch.device("cpu")) is index  # nothing to copy
+
+
+def test_a_device_gatherer_holds_its_cube_on_the_host_until_it_gathers(padded):
+    # A datamodule set up in a process that then spawns one rank per GPU must hold no device copy of the cube.
+    gatherer = PatchGatherer(padded, 5, device="meta", use_kernel=False)  # a device with no memory to fill
+    assert gatherer.storage.device.type == "cpu" and gatherer.row_offsets.device.type == "cpu"
+    assert gatherer.place() == torch.device("meta")
+    assert gatherer.storage.device.type == "meta" and gatherer.row_offsets.device.type == "meta"

@@ -90,3 +90,39 @@ def test_confusion_matrix_matches_sklearn_and_ignores_unlabelled(tested):
     assert scores["confusion_matrix"].tolist() == confusion_matrix(true, predicted).tolist()
     assert scores["confusion_matrix"].tolist() == KNOWN_CONFUSION.tolist()
     assert int(scores["confusion_matrix"].sum()) == KNOWN_CONFUSION.sum()  # the -1 pixels are nowhere
+
+
+@pytest.mark.parametrize("validate_args", [True, False])
+def test_training_scores_equal_torchmetrics_over_batches(validate_args):
+    from torchmetrics.classification import MulticlassAccuracy, MulticlassCohenKappa
+
+    from hslite.task import TrainingScores
+
+    classes = 5
+    ours = TrainingScores(classes)
+    reference = {
+        "OA": MulticlassAccuracy(classes, average="micro", ignore_index=IGNORE_INDEX, validate_args=validate_args),
+        "AA": MulticlassAccuracy(classes, average="macro", ignore_index=IGNORE_INDEX, validate_args=validate_args),
+        "kappa": MulticlassCohenKappa(classes, ignore_index=IGNORE_INDEX, validate_args=validate_args),
+    }
+    generator, labelled = torch.Generator().manual_seed(0), 0
+    for n in (16, 7, 1, 33):
+        logits = torch.randn(n, classes, generator=generator)
+        logits[:, 4] -= 10  # class 4 is never predicted ...
+        target = torch.randint(0, 3, (n,), generator=generator)  # ... classes 3 and 4 never true: 3 counts (predicted)
+        target[torch.rand(n, generator=generator) < 0.2] = IGNORE_INDEX
+        ours.update(logits, target)
+        labelled += int((target != IGNORE_INDEX).sum())
+        for metric in reference.values():
+            metric.update(logits, target)
+    scores = ours.compute()
+    for name, metric in reference.items():
+        assert scores[name].item() == pytest.approx(metric.compute().item(), abs=1e-6), name
+    assert int(ours.counts.sum()) == labelled  # the -1 targets are nowhere
+
+
+def test_training_scores_of_nothing_match_torchmetrics():
+    from hslite.task import TrainingScores
+
+    scores = TrainingScores(3).compute()
+    assert scores["OA"].item() == 0.0 and scores["AA"].item() == 0.0 and scores["kappa"].isnan()

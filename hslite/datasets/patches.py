@@ -18,7 +18,14 @@ copy bandwidth, the torch path 37 %, where its gather, transpose and copy cost a
 
 Buffers: `gather(coords, out=...)` fills a caller's buffer; without `out` a batch comes from a BufferPool
 (hslite/datasets/batch_buffers.py), whose memory is reused only once no tensor references it, so a DataLoader
-that holds several batches, or a model that keeps one, never sees it overwritten.
+that holds several batches, or a model that keeps one, never sees it overwritten; with `pin_memory` it is
+page-locked, for an asynchronous copy to a CUDA device.
+
+Device-resident gather (`device="cuda"`): the cube, and a PatchDataset's coordinates and labels, live on the GPU and
+a batch is gathered there, so no patch crosses the bus; only a batch's sample indices (and augmentation choices) go
+up, asynchronously (`to_device`). They move to the device at the first gather, in the process that gathers: a
+datamodule set up in a process that then spawns one rank per GPU holds no device copy, and "cuda" means the device
+current there (Lightning sets each rank's before its setup).
 """
 
 from __future__ import annotations
@@ -43,13 +50,27 @@ except ImportError:  # installed without a C compiler: the torch path below, abo
 CHUNK_BYTES = 512 * 1024  # bytes of patches per chunk (8 IP-sized ones); 256 KiB-1 MiB measured the same
 
 
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`tensor` on `device`; from the host to a CUDA device through page-locked memory, without waiting for the GPU.
+
+    A plain `.to("cuda")` of pageable memory waits for the stream (every kernel queued before it) once it has copied.
+    From page-locked memory the copy is queued like a kernel, and torch's page-locked allocator keeps the temporary's
+    block until the copy has run (it records an event), so the temporary can be dropped at once.
+    """
+    if tensor.device.type == "cpu" and device.type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
+
+
 class PatchGatherer:
     """Hold a padded (H+2r, W+2r, B) cube once as a tensor and gather p x p patches around (row, col) centres.
 
     Coordinates are those of the unpadded image: patch (row, col) covers padded rows row..row+p-1. Patches come
     back as contiguous (n, B, p, p) float32 tensors, or with `channels_last=True` as (n, B, p, p) tensors with NHWC
-    strides (no transpose: one copy at memory speed, for a consumer that takes channels-last input).
-    `use_kernel=False` gathers with torch ops where the C kernel would apply (to compare the two).
+    strides (no transpose: one copy at memory speed, for a consumer that takes channels-last input), on `device`:
+    the cube moves there at the first gather (see the module notes). `use_kernel=False` gathers with torch ops where
+    the C kernel would apply (to compare the two, or to run a GPU's gather on the CPU). `pin_memory` page-locks the
+    host batches, for a CUDA device (see batch_buffers.py).
     """
 
     def __init__(
@@ -59,6 +80,7 @@ class PatchGatherer:
         device: str | torch.device = "cpu",
         channels_last: bool = False,
         use_kernel: bool = True,
+        pin_memory: bool = False,
     ):
         cube = torch.as_tensor(padded_cube, dtype=torch.float32)
         if cube.ndim != 3 or patch_size < 1 or patch_size % 2 == 0 or min(cube.shape[:2]) < patch_size:
@@ -77,12 +99,21 @@ class PatchGatherer:
         if self._kernel is not None:
             self.storage = cube.permute(2, 0, 1).contiguous()  # band-major: the kernel copies rows of p floats
         else:
-            self.storage = cube.to(self.device).contiguous().reshape(-1)  # pixel-major: spectrum after spectrum
-        self.row_offsets = torch.arange(self.patch_size, device=self.device) * self.padded_cols
+            self.storage = cube.contiguous().reshape(-1)  # pixel-major: spectrum after spectrum; on `device` by place()
+        self.row_offsets = torch.arange(self.patch_size) * self.padded_cols
         # Off the CPU a chunk costs kernel launches, not cache misses: take the batch whole there.
         self.samples_per_chunk = max(1, CHUNK_BYTES // self.nbytes_per_patch) if self.device.type == "cpu" else None
         self._runs_view: torch.Tensor | None = None
-        self._buffers = BufferPool()
+        self._buffers = BufferPool(pin_memory=pin_memory)
+
+    def place(self) -> torch.device:
+        """Move the cube to this gatherer's device if it is not there yet; return the device, index resolved."""
+        if self.storage.device != self.device:
+            self.storage = self.storage.to(self.device)
+            self.row_offsets = self.row_offsets.to(self.device)
+            self.device = self.storage.device  # "cuda" is now the device current at the first gather
+            self._runs_view = None
+        return self.device
 
     def _runs(self) -> torch.Tensor:
         # Built lazily (and dropped when pickled): row a is the p*B floats of pixels a..a+p-1, an overlapping view.
@@ -120,9 +151,10 @@ class PatchGatherer:
         """Return the (n, B, p, p) float32 patches centred on `coords` (n, 2) long (row, col), in `out` if given.
 
         `out` must be a float32 tensor of that shape on this device, contiguous in the gatherer's layout. Coordinates
-        are not range-checked here (PatchDataset checks them once); out-of-range ones raise or wrap.
+        may be on any device (they are moved with `to_device`) and are not range-checked here (PatchDataset checks
+        them once); out-of-range ones raise or wrap.
         """
-        coords = coords.to(self.device, torch.long)
+        coords = to_device(coords.long(), self.place())
         n, b, p = coords.shape[0], self.num_bands, self.patch_size
         layout = torch.channels_last if self.channels_last else torch.contiguous_format
         if out is None:
@@ -170,7 +202,7 @@ def augment_batch(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     Keeps the shape (n, B, p, p) and the memory layout (contiguous or channels-last) of `x`.
     """
     n, bands, p, _ = x.shape
-    choice = torch.randint(0, 8, (n,), generator=generator, device=generator.device).to(x.device)
+    choice = to_device(torch.randint(0, 8, (n,), generator=generator, device=generator.device), x.device)
     permutation = _dihedral_permutations(p, x.device)[choice]  # (n, p*p): output pixel m reads input pixel perm[m]
     if x.is_contiguous():
         flat = x.reshape(n, bands, p * p)
@@ -183,7 +215,8 @@ class PatchDataset(Dataset):
     """Patches around labelled pixels; `__getitems__` returns a whole batch from one gather.
 
     Labels are zero-based (class - 1), or -1 for unlabelled pixels in prediction sets. Use with
-    `DataLoader(..., collate_fn=collate_patches)`.
+    `DataLoader(..., collate_fn=collate_patches)`. Batches are on the gatherer's device: with a device-resident
+    gatherer the coordinates and labels move there with the cube, and only each batch's indices cross the bus.
     """
 
     def __init__(
@@ -219,7 +252,10 @@ class PatchDataset(Dataset):
 
     def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Return the batch (x (n, B, p, p) float32, y (n,) int64) for these sample indices."""
-        index = torch.as_tensor(indices, dtype=torch.long)
+        device = self.gatherer.place()
+        if self.coords.device != device:
+            self.coords, self.labels = self.coords.to(device), self.labels.to(device)
+        index = to_device(torch.as_tensor(indices, dtype=torch.long), device)
         x = self.gatherer.gather(self.coords[index])
         if self.augment:
             x = augment_batch(x, self._augment_generator())
