@@ -26,7 +26,6 @@ from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
-from lightning.pytorch.strategies import DDPStrategy
 from torch import Tensor, nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.device_mesh import init_device_mesh
@@ -35,7 +34,7 @@ from torch.nn.parallel import DistributedDataParallel
 from hslite.errors import ConfigError
 from hslite.parallel.exchange_order import ExchangeOrder, ordered_hook
 from hslite.parallel.group_owners import rank_groups
-from hslite.parallel.strategies import CompressedDDPStrategy
+from hslite.parallel.strategies import CompressedDDPStrategy, FencedDDPStrategy
 
 
 class BandGroupModel(Protocol):
@@ -164,7 +163,7 @@ class ChannelGroups:
         return summed * self.chag / total
 
 
-class ChannelGroupDDPStrategy(DDPStrategy):
+class ChannelGroupDDPStrategy(FencedDDPStrategy):
     """Lightning DDP over a (dp, chag) mesh: band groups split within each chag group (see the module notes)."""
 
     def __init__(self, chag: int, **kwargs: Any) -> None:

@@ -21,13 +21,17 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch import nn
 
 from hslite.parallel.fsdp_policy import shard_model
+from hslite.parallel.strategies import FencedBarrier
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
 
-class ShardedStrategy(ModelParallelStrategy):
-    """FSDP2 over every rank, spawned, with full-state checkpoints; `HSIClassifier.configure_model` shards with it."""
+class ShardedStrategy(FencedBarrier, ModelParallelStrategy):
+    """FSDP2 over every rank, spawned, with full-state checkpoints and fenced barriers; the task shards with it.
+
+    `HSIClassifier.configure_model` calls `shard`; `strategies.FencedBarrier` says why barriers wait longer.
+    """
 
     def __init__(self, world_size: int, precision: str, backend: str, timeout: timedelta) -> None:
         super().__init__(

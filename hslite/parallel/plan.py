@@ -275,7 +275,7 @@ def _sharded_strategy(plan: Plan) -> Any:
 
 
 def _ddp_strategy(plan: Plan) -> Any:
-    from lightning.pytorch.strategies import DDPStrategy
+    from hslite.parallel.strategies import FencedDDPStrategy
 
     options: dict[str, Any] = {
         "start_method": "spawn",
@@ -295,4 +295,4 @@ def _ddp_strategy(plan: Plan) -> Any:
         from hslite.parallel.strategies import CompressedDDPStrategy
 
         return CompressedDDPStrategy(plan.compression, **options)
-    return DDPStrategy(**options)
+    return FencedDDPStrategy(**options)

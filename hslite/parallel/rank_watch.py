@@ -1,8 +1,10 @@
 """A rank that dies or stalls ends the whole job within a minute, with a sentence naming the rank and what it did.
 
 Two parts. Every collective has a deadline (`plan.PROCESS_GROUP_TIMEOUT`): a rank waiting on a
-stalled peer raises instead of waiting torch's default 30 minutes, and Lightning's spawn launcher then stops the
-other ranks (SIGTERM, SIGKILL 30 s later) — no rank is left behind. A rank that dies outright (`kill -9`, out of
+stalled peer raises (gloo) or is aborted by NCCL's watchdog (GPUs) instead of waiting torch's default 30 minutes, and
+Lightning's spawn launcher then stops the other ranks (SIGTERM, SIGKILL 30 s later) — no rank is left behind. Barriers,
+which end the phases where one rank works alone (rank 0 writing a checkpoint), wait `plan.FENCE_TIMEOUT` instead
+(strategies.FencedBarrier), so a long write does not end a healthy job. A rank that dies outright (`kill -9`, out of
 memory) is seen at once by the launcher's join. And each rank writes what it is doing (`RankActivity`, a small
 JSON file per rank, at most once a second), so that `rank_failure` can say which rank failed, how, and where.
 Each spawned rank's stderr goes to `ranks/rank<r>.log` in the run folder: when one rank dies the others' collectives
@@ -77,7 +79,14 @@ class RankActivity(pl.Callback):
 
 
 def rank_failure(error: BaseException, trainer: pl.Trainer, folder: Path) -> RankFailed | None:
-    """The sentence for a spawned rank's failure (death, stall, exception), or None for any other error."""
+    """The sentence for a spawned rank's failure (death, stall, exception), or None for any other error.
+
+    Who stalled is read from how the ranks ended. Over gloo the ranks that waited for a stalled peer raise a timeout
+    (ProcessRaisedException) and the launcher stops the rest: SIGTERM, then SIGKILL 30 s later for a rank that does
+    not answer, the stalled one. Over NCCL no exception is raised: its watchdog aborts the ranks that waited (SIGABRT,
+    "Watchdog caught collective operation timeout" in their log), so the rank that ended first is a waiter, not the
+    culprit; the stalled rank is one that was not aborted (killed by the launcher, or stopped by its SIGTERM).
+    """
     from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
     if not isinstance(error, (ProcessExitedException, ProcessRaisedException)):
@@ -85,29 +94,58 @@ def rank_failure(error: BaseException, trainer: pl.Trainer, folder: Path) -> Ran
     processes = getattr(trainer.strategy.launcher, "procs", None) or []
     codes = [p.exitcode for p in processes]
     first = int(getattr(error, "error_index", 0))
-    # The launcher stops the other ranks with SIGTERM (Lightning's handler then exits with 1) and kills those that
-    # do not end within 30 s: a stalled rank ends by SIGKILL, a dead one by whatever killed it.
+    wait = f"waited {PROCESS_GROUP_TIMEOUT.seconds} s for it in a collective"
     killed = [r for r, c in enumerate(codes) if c is not None and c < 0 and c != -signal.SIGTERM]
-    if isinstance(error, ProcessRaisedException) and _timed_out(error):
+    if _watchdog_aborted(first, codes, folder):
+        waiters = [r for r, c in enumerate(codes) if c == -signal.SIGABRT]
+        others = [r for r in range(len(codes)) if r not in waiters]
+        rank = ([r for r in others if codes[r] == -signal.SIGKILL] or others or [first])[0]
+        how = (
+            f"stopped responding: rank {first} {wait} (NCCL's watchdog aborted the ranks that waited)"
+            if rank not in waiters
+            else "and every other rank timed out waiting in a collective (NCCL's watchdog aborted them all): the ranks "
+            "issued different collectives, or a collective ran longer than the deadline"
+        )
+    elif isinstance(error, ProcessRaisedException) and _timed_out(error):
         stalled = [r for r in killed if r != first] or [r for r in range(len(codes)) if r != first]
         rank = stalled[0] if stalled else first
-        how = f"stopped responding: rank {first} waited {PROCESS_GROUP_TIMEOUT.seconds} s for it in a collective"
+        how = f"stopped responding: rank {first} {wait}"
     elif isinstance(error, ProcessRaisedException):
         rank = first
         lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
         how = f"raised {lines[-1]}" if lines else "raised an error"
     else:
-        rank = killed[0] if killed else first
+        rank = first if first in killed else (killed[0] if killed else first)  # the first to end by a signal died
         code = codes[rank] if rank < len(codes) else None
         how = f"was killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exited ({code})"
     doing = _activities(folder)
     where = f" while {doing[rank]}" if rank in doing else ""
-    others = "; ".join(f"rank {r} last: {d}" for r, d in sorted(doing.items()) if r != rank)
+    others_doing = "; ".join(f"rank {r} last: {d}" for r, d in sorted(doing.items()) if r != rank)
     return RankFailed(
         f"rank {rank} {how}{where}; the job was stopped and no rank is left running"
-        + (f" ({others})" if others else "")
+        + (f" ({others_doing})" if others_doing else "")
         + ". Its folder is kept (ending in .failed); continue it with the same command and resume=last."
     )
+
+
+# What NCCL's watchdog logs before it aborts a rank whose collective passed the process group's timeout.
+_WATCHDOG_TIMEOUT = "Watchdog caught collective operation timeout"
+
+
+def _watchdog_aborted(first: int, codes: list[int | None], folder: Path) -> bool:
+    """Whether the first rank to end was aborted by NCCL's watchdog for waiting too long, not crashed on its own.
+
+    Its log says so; without one, a peer that had to be SIGKILLed (it answered no SIGTERM: it was stalled) says so.
+    A rank that crashed with SIGABRT by itself leaves its peers to the launcher's SIGTERM, which they answer.
+    """
+    if first >= len(codes) or codes[first] != -signal.SIGABRT:
+        return False
+    try:
+        if _WATCHDOG_TIMEOUT in (folder / f"rank{first}.log").read_text(errors="replace"):
+            return True
+    except OSError:
+        pass
+    return any(code == -signal.SIGKILL for rank, code in enumerate(codes) if rank != first)
 
 
 def _timed_out(error: BaseException) -> bool:

@@ -1,6 +1,9 @@
-"""Lightning DDP with hslite's compressed gradient all-reduce, registered on every device (CPU included).
+"""Lightning DDP as hslite runs it: fenced barriers, and a compressed gradient all-reduce on every device.
 
-Build it directly (no registry name): `Trainer(strategy=CompressedDDPStrategy("int8", start_method="spawn"), ...)`.
+Barriers wait longer than collectives, so that one rank's solo work (a checkpoint write) cannot end a healthy job;
+the compression hook is registered on CPU too, where Lightning registers none.
+
+Build them directly (no registry name): `Trainer(strategy=CompressedDDPStrategy("int8", start_method="spawn"), ...)`.
 """
 
 from __future__ import annotations
@@ -16,12 +19,33 @@ from torch.nn.parallel import DistributedDataParallel
 from hslite.errors import ConfigError
 from hslite.parallel.compression import dispatch_hook
 from hslite.parallel.compression_state import CompressionState
+from hslite.parallel.plan import FENCE_TIMEOUT
 from hslite.parallel.wire_format import DEFAULT_CHUNK_ELEMS, check_kind
 
 CHECKPOINT_KEY = "hslite_compression"  # top-level checkpoint entry: {"world_size": N, "ranks": [state per rank]}
 
 
-class CompressedDDPStrategy(DDPStrategy):
+class FencedBarrier:
+    """A barrier that waits FENCE_TIMEOUT, not the collectives' short deadline.
+
+    Lightning ends the phases where one rank works alone with a barrier: rank 0 writes a checkpoint
+    (`Trainer.save_checkpoint`), then every rank meets. With the process group's deadline (PROCESS_GROUP_TIMEOUT, kept
+    short so a stalled rank ends the job within a minute) a write longer than it would kill a healthy job; on GPUs
+    through NCCL's watchdog, which aborts the waiting ranks. The barrier goes over gloo on every device
+    (`plan.process_group_backend`: torch picks a group's CPU backend for barriers), whose per-call timeout is honoured
+    and raises instead of aborting. A rank that dies during the write is still seen at once by the launcher.
+    """
+
+    def barrier(self, name: str | None = None) -> None:  # noqa: D102 - Lightning's hook, with a longer deadline
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier(timeout=FENCE_TIMEOUT)
+
+
+class FencedDDPStrategy(FencedBarrier, DDPStrategy):
+    """Lightning's DDPStrategy with fenced barriers (FencedBarrier)."""
+
+
+class CompressedDDPStrategy(FencedDDPStrategy):
     """DDPStrategy whose gradient all-reduce is int8 (error feedback), bf16, fp16 or fp32, switchable at run time.
 
     Lightning registers `ddp_comm_hook` only when the root device is CUDA and says nothing otherwise, so this class

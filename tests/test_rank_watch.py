@@ -1,0 +1,112 @@
+"""Failure semantics a GPU job meets: who is blamed when NCCL's watchdog aborts the waiting ranks (SIGABRT), and a
+rank's solo work (rank 0 writing a checkpoint) longer than the collectives' deadline does not end a healthy job."""
+
+from __future__ import annotations
+
+import signal
+import time
+from datetime import timedelta
+from types import SimpleNamespace
+
+import lightning.pytorch as pl
+import pytest
+import torch
+import torch.distributed as dist
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+from test_ddp import FixedData
+from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
+
+from hslite.models import get_model
+from hslite.parallel.plan import Plan, trainer_kwargs
+from hslite.parallel.rank_watch import rank_failure
+from hslite.task import HSIClassifier
+
+WATCHDOG_LINE = (
+    "[rank0]:[E1203 08:00:00.000000000 ProcessGroupNCCL.cpp:632] [Rank 0] "
+    "Watchdog caught collective operation timeout: "
+    "WorkNCCL(SeqNum=41, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=15000) ran for 15012 milliseconds before "
+    "timing out."
+)
+
+
+def _failure(codes: list[int], first: int, folder, logs: dict[int, str] | None = None) -> str:
+    for rank, text in (logs or {}).items():
+        (folder / f"rank{rank}.log").write_text(text)
+    procs = [SimpleNamespace(exitcode=code) for code in codes]
+    trainer = SimpleNamespace(strategy=SimpleNamespace(launcher=SimpleNamespace(procs=procs)))
+    name = signal.Signals(-codes[first]).name
+    error = ProcessExitedException(f"process {first} terminated with signal {name}", first, 1234, codes[first], name)
+    return str(rank_failure(error, trainer, folder))
+
+
+def test_nccl_watchdog_abort_blames_the_rank_that_stalled_not_the_one_that_waited(tmp_path):
+    # Rank 1 stalled; NCCL's watchdog aborted rank 0 (which waited), then the launcher SIGKILLed rank 1.
+    text = _failure([-signal.SIGABRT, -signal.SIGKILL], 0, tmp_path, {0: WATCHDOG_LINE})
+    assert text.startswith("rank 1 stopped responding: rank 0 waited 15 s for it in a collective"), text
+
+
+def test_nccl_watchdog_abort_of_several_waiters_blames_the_one_rank_left(tmp_path):
+    codes = [-signal.SIGABRT, -signal.SIGABRT, -signal.SIGTERM, -signal.SIGABRT]  # rank 2 stalled, answered SIGTERM
+    text = _failure(codes, 1, tmp_path, {1: WATCHDOG_LINE})
+    assert text.startswith("rank 2 stopped responding: rank 1 waited"), text
+
+
+def test_without_logs_a_peer_the_launcher_had_to_kill_marks_the_abort_as_the_watchdog(tmp_path):
+    text = _failure([-signal.SIGKILL, -signal.SIGABRT], 1, tmp_path)
+    assert text.startswith("rank 0 stopped responding: rank 1 waited"), text
+
+
+def test_a_rank_that_aborts_by_itself_is_the_one_blamed(tmp_path):
+    # A genuine crash (an assertion in a kernel library): the others answered the launcher's SIGTERM.
+    text = _failure([-signal.SIGTERM, -signal.SIGABRT], 1, tmp_path, {1: "terminate called after throwing ..."})
+    assert text.startswith("rank 1 was killed by SIGABRT"), text
+
+
+def test_a_killed_rank_is_still_blamed_first(tmp_path):
+    text = _failure([-signal.SIGABRT, -signal.SIGKILL], 1, tmp_path)
+    assert text.startswith("rank 1 was killed by SIGKILL"), text
+
+
+def test_gloo_timeouts_still_blame_the_rank_that_had_to_be_killed(tmp_path):
+    procs = [SimpleNamespace(exitcode=1), SimpleNamespace(exitcode=-signal.SIGKILL)]
+    trainer = SimpleNamespace(strategy=SimpleNamespace(launcher=SimpleNamespace(procs=procs)))
+    error = ProcessRaisedException("RuntimeError: [gloo] Timed out waiting 15000ms for recv operation", 0, 1234)
+    assert str(rank_failure(error, trainer, tmp_path)).startswith("rank 1 stopped responding: rank 0 waited")
+
+
+# ------------------------------------------------------------------------------ a long solo phase, fenced
+SOLO_SECONDS = 6.0  # rank 0's checkpoint write
+DEADLINE = timedelta(seconds=2)  # the collectives' deadline in this test: the write lasts three times as long
+
+
+class SlowRankZeroWrite(TorchCheckpointIO):
+    """Only rank 0 writes a checkpoint; here it takes SOLO_SECONDS, as a large model on a slow disk would."""
+
+    def save_checkpoint(self, checkpoint, path, storage_options=None):
+        time.sleep(SOLO_SECONDS)
+        super().save_checkpoint(checkpoint, path, storage_options)
+
+
+class ShortDeadline(pl.Callback):
+    """Shorten every rank's collective deadline once the group exists (a short one at start-up would race the
+    ranks' imports)."""
+
+    def setup(self, trainer, pl_module, stage):
+        dist.distributed_c10d._set_pg_timeout(DEADLINE)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(300)
+def test_rank_zero_writing_a_checkpoint_longer_than_the_deadline_does_not_end_the_job(tmp_path):
+    torch.manual_seed(0)
+    task = HSIClassifier(get_model("cnn1d", in_bands=32, num_classes=4, patch_size=3), num_classes=4, warmup_epochs=0)
+    kwargs = trainer_kwargs(Plan(devices=2, batch_size=16), progress=False)
+    kwargs["strategy"].checkpoint_io = SlowRankZeroWrite()
+    checkpoints = ModelCheckpoint(dirpath=tmp_path, save_last=True)
+    trainer = pl.Trainer(
+        **{**kwargs, "callbacks": [*kwargs["callbacks"], ShortDeadline(), checkpoints]},
+        max_epochs=1, limit_val_batches=0, logger=False, use_distributed_sampler=False,
+    )  # fmt: skip
+    trainer.fit(task, datamodule=FixedData(16))
+    assert (tmp_path / "last.ckpt").is_file()
