@@ -1,7 +1,8 @@
 """What a checkpoint needs beyond Lightning's own state for a resumed run to draw the numbers an uninterrupted one does.
 
 Lightning restores the model, optimiser, scheduler, loops and callbacks, but no random state, and only rank 0
-writes the file. Each rank's torch, NumPy and Python generators and its training set's augmentation generator are
+writes the file. Each rank's torch (CPU, and CUDA on its own GPU: dropout masks are drawn there), NumPy and Python
+generators and its training set's augmentation generator are
 gathered into the checkpoint here (a few KB per rank), with the run's config so that a checkpoint of another run is
 recognised. The global generators are put back as Lightning restores the checkpoint: a resumed fit skips the sanity
 check and makes its first epoch's iterator (which draws the shuffle's seed) before any hook of training runs, where
@@ -37,14 +38,19 @@ def _rank_state(trainer: pl.Trainer) -> dict[str, Any]:
         },  # tensors and numbers: weights_only loads them
         "python": random.getstate(),
     }
+    device = trainer.strategy.root_device
+    if device.type == "cuda":  # this rank's GPU only: reading another's would start a CUDA context there
+        state["cuda"] = torch.cuda.get_rng_state(device)
     generator = _augmentation_generator(trainer)
     if generator is not None:
         state["augmentation"] = generator.get_state()
     return state
 
 
-def _set_global_state(state: dict[str, Any]) -> None:
+def _set_global_state(state: dict[str, Any], device: torch.device) -> None:
     torch.set_rng_state(state["torch"])
+    if device.type == "cuda" and "cuda" in state:  # a CPU run's checkpoint has none: other kernels draw anyway
+        torch.cuda.set_rng_state(state["cuda"], device)
     n = state["numpy"]
     np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["position"], n["has_gauss"], n["gauss"]))
     random.setstate(_as_tuples(state["python"]))
@@ -89,7 +95,7 @@ class TrainingState(pl.Callback):
                 "resume it with the plan it was written with."
             )
         state = ranks[trainer.global_rank]
-        _set_global_state(state)
+        _set_global_state(state, trainer.strategy.root_device)
         self._augmentation = state.get("augmentation")
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:  # noqa: D102

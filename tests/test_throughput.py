@@ -20,7 +20,7 @@ def test_batch_time_includes_the_fetch_before_the_next_batch_and_not_the_gap_acr
     batch = (torch.zeros(4, 3), torch.zeros(4))
     for epoch, batches in ((0, 3), (1, 2)):
         # One rank's view; the max over ranks is the strategy's all-reduce (two real ranks: tests/test_ddp.py).
-        strategy = SimpleNamespace(reduce=lambda values, reduce_op: values)
+        strategy = SimpleNamespace(reduce=lambda values, reduce_op: values, root_device=torch.device("cpu"))
         trainer = SimpleNamespace(world_size=2, current_epoch=epoch, global_step=0, strategy=strategy)
         timer.on_train_epoch_start(trainer, module)
         for i in range(batches):

@@ -55,6 +55,9 @@ class TrainThroughput(pl.Callback):
         self.samples += len(batch[1]) * trainer.world_size
 
     def on_train_epoch_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:  # noqa: D102
+        device = trainer.strategy.root_device
+        if device.type == "cuda":  # steps do not wait for the GPU (task.py): the epoch's last work may still be queued
+            torch.cuda.synchronize(device)
         if self._start is not None:  # the epoch's last batch: to its end, there is no next start
             self.batch_seconds.append(time.perf_counter() - self._start)
         # Skip the first batch of the run (lazy initialisation, DDP's first single bucket) in the median.
@@ -64,8 +67,9 @@ class TrainThroughput(pl.Callback):
             [np.median(steady), sum(self.batch_seconds), self.samples, trainer.current_epoch + 1, trainer.global_step],
             dtype=torch.float64,
         )
-        # The slowest rank sets the pace of a synchronous step. Reduced here, on every rank in the same order: logged
-        # with sync_dist, the max would be taken lazily, by whoever reads the metrics first, and the progress bar reads
-        # them on rank 0 alone, which then waits in an all-reduce the other ranks never join.
+        # The slowest rank sets the pace of a synchronous step. Host figures, reduced on the host (over gloo on GPUs
+        # too: plan.process_group_backend), on every rank in the same order: logged with sync_dist, the max would be
+        # taken lazily, by whoever reads the metrics first, and the progress bar reads them on rank 0 alone, which
+        # then waits in an all-reduce the other ranks never join.
         values = trainer.strategy.reduce(values, reduce_op="max")
         module.log_dict({f"perf/{name}": float(value) for name, value in zip(names, values, strict=True)})
