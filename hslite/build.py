@@ -37,7 +37,7 @@ def plan_from_config(cfg: Config) -> Plan:
         rotation_groups=p.rotation_groups,
         fsdp=p.fsdp,
         tf32=p.tf32,
-        cudnn_benchmark=p.cudnn_benchmark,
+        cudnn_benchmark=p.cudnn_benchmark and not cfg.train.deterministic,  # cuDNN's timing picks kernels by chance
     ).validate()
 
 
@@ -91,7 +91,8 @@ def build_datamodule(cfg: Config) -> HSIDataModule:
         wavelengths=d.wavelengths,
         ignore_label=d.ignore_label,
         # GPU batches are gathered into pinned memory, so the copy up overlaps the step (patches.to_device).
-        pin_memory=resolve_accelerator(cfg.parallel.accelerator) == "gpu",
+        # (Not where no GPU is here: a GPU plan is then only priced, from a device profile.)
+        pin_memory=resolve_accelerator(cfg.parallel.accelerator) == "gpu" and torch.cuda.is_available(),
     )
 
 

@@ -29,7 +29,7 @@ from hslite.parallel.rank_setup import quiet_lightning
 from hslite.preflight.device_profile import DeviceProfile, list_devices, load_device
 from hslite.preflight.links import measure_links_for
 from hslite.preflight.measurements import Footprint, StepCounts
-from hslite.preflight.probe import measure_footprint, probe_for_plans
+from hslite.preflight.probe import PROBE_DEVICE, measure_footprint, probe_for_plans
 from hslite.preflight.run import price_absent_devices, price_from_profile, run_preflight
 from hslite.preflight.step_counts import count_step
 from hslite.preflight.timers import wall_seconds
@@ -79,8 +79,19 @@ def training_batches(datamodule: HSIDataModule, seed: int) -> Callable[[int], tu
 
 
 def _memory_bytes(accelerator: str) -> int:
+    """One device's memory budget: what the probed GPU has free, or this host's memory for CPU processes.
+
+    Free, not total, on a GPU: other processes' allocations, the CUDA context this launching process keeps there
+    while the ranks train (~0.5 GB) and the libraries its probe loaded are not the ranks' to use. Read after the
+    probe (`run_preflight` calls it when the first plan is priced) and after the probe has handed its cached blocks
+    back (`probe_model`), because the ranks start after the probe: what is free then is their budget. Only the
+    probed GPU is asked, since asking another creates a CUDA context there; with nothing else running on the others
+    it is the tightest, the launcher's context sitting on it alone. Not in this figure: the CUDA context each
+    spawned rank creates on its own GPU (a one-device plan trains in this process, whose context is already out).
+    """
     if accelerator == "gpu" and torch.cuda.is_available():
-        return int(torch.cuda.get_device_properties(0).total_memory)
+        free_bytes, _ = torch.cuda.mem_get_info(PROBE_DEVICE)
+        return int(free_bytes)
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
@@ -93,18 +104,34 @@ def _absent(plan: Plan, have: int) -> str | None:
     return None
 
 
+def _forked_cuda_devices(plan: Plan, from_profile: bool) -> list[torch.device]:
+    """The CUDA devices whose generators the check gives back: the probed GPU, or the current one, or none.
+
+    The probed GPU when the check runs there; else the current device where CUDA is already up, as the probe's
+    seeding reaches every CUDA generator; else none. Reading a GPU's generator creates a CUDA context on it, ~0.5 GB
+    that this launching process then holds for the whole run, before a rank has started: forking every device cost
+    that on each GPU. Other GPUs only ever run spawned ranks, which seed their own generators.
+    """
+    if not torch.cuda.is_available():
+        return []
+    if plan.accelerator == "gpu" and not from_profile:  # the probe runs there
+        return [torch.device(PROBE_DEVICE)]
+    return [torch.device("cuda", torch.cuda.current_device())] if torch.cuda.is_initialized() else []
+
+
 def _keeps_rng(check: Callable[..., Verdict]) -> Callable[..., Verdict]:
     """Run `check` on a fork of torch's random state, so that the training after it draws the same numbers.
 
     A fresh probe seeds torch's generator and a cached one does not, so without the fork the same seed would train
-    differently depending on the probe cache (the augmentation's own generator: `training_batches`).
+    differently depending on the probe cache (the augmentation's own generator: `training_batches`). Of the CUDA
+    generators, only those of `_forked_cuda_devices`.
     """
 
     @functools.wraps(check)
-    def with_own_rng(*args: Any, **kwargs: Any) -> Verdict:
-        devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
-        with torch.random.fork_rng(devices=devices):
-            return check(*args, **kwargs)
+    def with_own_rng(cfg: Config, plan: Plan, *args: Any, **kwargs: Any) -> Verdict:
+        devices = _forked_cuda_devices(plan, kwargs.get("from_profile", False))
+        with torch.random.fork_rng(devices=devices, device_type="cuda"):
+            return check(cfg, plan, *args, **kwargs)
 
     return with_own_rng
 
@@ -123,7 +150,7 @@ def preflight_check(
 
     The probe uses the recipe's own batches and model; links are measured here or read from `preflight.topology`.
     GPUs that are not here are priced from `preflight.device`'s profile when given, else by links and memory only;
-    `from_profile` prices from the profile even where the GPUs are here (benchmarks/gpu_check.sh compares the two).
+    `from_profile` prices from the profile even where the GPUs are here (benchmarks/gpu_smoke.py compares the two).
     `single_device_only` (a one-device fit) prices the requested device alone: no processes, no AMP probe.
     `max_devices` prices device counts up to it instead of up to this box's devices (`parallel.plan=auto` asks for
     every count `fit` can start, CPU processes included).
@@ -207,7 +234,7 @@ def preflight_check(
         plan,
         probe_for_plans(model_factory, make_batch, **probe_kwargs),
         None if topology else (lambda p: measure_links_for(p, fresh=cfg.preflight.fresh)),
-        None if topology else _memory_bytes(plan.accelerator),
+        None if topology else functools.partial(_memory_bytes, plan.accelerator),
         cfg.preflight.min_efficiency,
         1
         if single_device_only

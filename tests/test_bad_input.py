@@ -267,6 +267,13 @@ FIT_CASES = [
         ("compression and fsdp cannot be combined",),
         id="fsdp-with-compression",
     ),
+    pytest.param(
+        ["parallel.devices=2", "parallel.fsdp=true", "parallel.precision=16-mixed"],
+        {},
+        2,
+        ("fsdp cannot train in precision 16-mixed", "bf16-mixed"),
+        id="fsdp-with-fp16",
+    ),
     pytest.param(["parallel.compression=zstd"], {}, 2, ("compression must be one of", "'zstd'"), id="compression"),
     pytest.param(["parallel.precision=fp8"], {}, 2, ("precision must be one of", "'fp8'"), id="unknown-precision"),
     pytest.param(["parallel.accelerator=tpu"], {}, 2, ("accelerator", "'tpu'"), id="unknown-accelerator"),

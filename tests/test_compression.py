@@ -8,15 +8,18 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 from _dist_scripts._ranks import FakeBucket
 from torch import nn
 
 from hslite.errors import ConfigError
 from hslite.parallel.compression import (
+    _clock,
     bf16_hook,
     fp16_hook,
     fp32_hook,
@@ -98,6 +101,57 @@ def test_unbound_residuals_refuse_to_checkpoint():
     state._keep_residual(FakeBucket(torch.zeros(3), [torch.empty(3)]), torch.ones(3))
     with pytest.raises(RuntimeError, match="bind"):
         state.state_dict()
+
+
+def test_the_quantise_clock_records_events_on_the_buckets_gpu_and_reads_them_once(monkeypatch):
+    recorded, waited = [], []
+
+    class FakeEvent:
+        def __init__(self, enable_timing):
+            assert enable_timing
+
+        def record(self, stream):
+            recorded.append(stream)
+
+        def synchronize(self):
+            waited.append(self)
+
+        def elapsed_time(self, end):
+            return 250.0  # milliseconds
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: f"stream of {device}")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: pytest.fail("a host stall per bucket"))
+    assert isinstance(_clock(torch.device("cpu")), float) and recorded == []
+    state = CompressionState()
+    state.add_quantise_time(_clock(torch.device("cuda:1")), _clock(torch.device("cuda:1")))
+    assert recorded == ["stream of cuda:1"] * 2 and waited == []  # perf_counter alone would time kernel launches
+    assert state.quantise_seconds == 0.25 and len(waited) == 1  # read when the total is asked for
+    assert state.quantise_seconds == 0.25 and len(waited) == 1
+
+
+def test_the_quantise_timer_leaves_the_collectives_out_and_the_cpu_unsynchronised(monkeypatch):
+    # One rank of two, its peer's messages faked as copies of its own (numerically meaningless); each collective
+    # takes 0.2 s.
+    synchronised = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synchronised.append(device))
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
+
+    def all_to_all_single(output, inputs, group=None):
+        time.sleep(0.2)
+        output.copy_(inputs)
+
+    def all_gather(output, inputs, group=None):
+        time.sleep(0.2)
+        output.view(2, -1).copy_(inputs.expand(2, -1))
+
+    monkeypatch.setattr(dist, "all_to_all_single", all_to_all_single)
+    for name in ("all_gather_single", "all_gather_into_tensor"):
+        monkeypatch.setattr(dist, name, all_gather, raising=False)
+    state = CompressionState()
+    int8_hook(state, FakeBucket(torch.linspace(-1, 1, 10_000), [torch.empty(10_000)])).wait()
+    assert state.calls["int8"] == 1 and 0 < state.quantise_seconds < 0.2 and synchronised == []
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=["2ranks", "4ranks"])

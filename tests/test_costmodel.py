@@ -218,3 +218,14 @@ def test_overlap_hides_comm_only_beyond_the_last_ddp_bucket():
     assert with_overlap == pytest.approx(no_overlap - 0.75 * 2 * COMPUTE_SECONDS / 3)
     small = cm.predict(gpu_plan(4), make_probe(), link, 80 * 2**30)  # 8 MB: one bucket, nothing hides
     assert small.comm_seconds == pytest.approx(formulas.allreduce_seconds(GRAD_BYTES, 4, link))
+
+
+def test_the_int8_hook_is_priced_with_no_overlap_as_its_collectives_are_synchronous():
+    big = make_probe(grad_bytes=100 * 2**20, param_bytes=100 * 2**20, compress_seconds_per_byte=1e-11)
+    links = {"hiding": LinkModel(0.0, 1 * GB, overlap=1.0), "bound": LinkModel(0.0, 1 * GB)}
+    priced = {(c, name): cm.predict(gpu_plan(4, compression=c), big, link, 80 * 2**30)
+              for c in ("int8", "bf16") for name, link in links.items()}  # fmt: skip
+    # DESIGN §3: the int8 hook exchanges each bucket inside the hook, so backward waits for it; torch's bf16 doesn't.
+    assert priced["int8", "hiding"].comm_seconds == pytest.approx(priced["int8", "bound"].comm_seconds)
+    assert any("no overlap" in note for note in priced["int8", "hiding"].notes)
+    assert priced["bf16", "hiding"].comm_seconds < priced["bf16", "bound"].comm_seconds

@@ -29,6 +29,21 @@ def _count_call(state: CompressionState, kind: str, bucket: dist.GradBucket) -> 
         state.step += 1
 
 
+def _clock(device: torch.device) -> float | torch.cuda.Event:
+    """A point in time for the quantise timer: perf_counter on CPU, a CUDA event on `device`'s stream on a GPU.
+
+    CUDA kernels run after the host queues them, so on a GPU perf_counter alone would time kernel launches, not the
+    work. An event is recorded in the stream between the kernels and costs the host nothing; the elapsed time is read
+    when the total is (`CompressionState.quantise_seconds`), not at every bucket, which would stall backward six
+    times per bucket.
+    """
+    if device.type != "cuda":
+        return time.perf_counter()
+    event = torch.cuda.Event(enable_timing=True)
+    event.record(torch.cuda.current_stream(device))
+    return event
+
+
 def _completed(tensor: Tensor) -> torch.futures.Future[Tensor]:
     future: torch.futures.Future[Tensor] = torch.futures.Future()
     future.set_result(tensor)
@@ -93,7 +108,7 @@ def int8_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.futures
     if world == 1 or buffer.numel() == 0:
         return _completed(buffer)
 
-    started = time.perf_counter()
+    started = _clock(buffer.device)
     numel = buffer.numel()
     shard, chunk, chunks = shard_layout(numel, world, state.chunk_elems)
     x = torch.empty(world * shard, dtype=torch.float32, device=buffer.device)
@@ -110,10 +125,10 @@ def int8_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.futures
         x_chunks.addcmul_(codes, scales.unsqueeze(-1), value=-1)
     del codes
     received = torch.empty_like(send)
-    state.quantise_seconds += time.perf_counter() - started
+    state.add_quantise_time(started, _clock(buffer.device))
     dist.all_to_all_single(received, send, group=group)
 
-    started = time.perf_counter()
+    started = _clock(buffer.device)
     their_scales = _scales(received, shard)
     mean = torch.zeros(chunks, chunk, dtype=torch.float32, device=buffer.device)
     for sender in range(world):  # one shard-sized temporary at a time, not an N-shard dequantised copy
@@ -128,12 +143,12 @@ def int8_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.futures
         torch.nan_to_num_(x, nan=0.0, posinf=0.0, neginf=0.0)
         state._keep_residual(bucket, x[:numel])
     gathered = torch.empty(world, row.numel(), dtype=torch.int8, device=buffer.device)
-    state.quantise_seconds += time.perf_counter() - started
+    state.add_quantise_time(started, _clock(buffer.device))
     # torch ≥ 2.10 renamed all_gather_into_tensor; pyproject allows torch ≥ 2.3.
     all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     all_gather(gathered.view(-1), row, group=group)
 
-    started = time.perf_counter()
+    started = _clock(buffer.device)
     all_scales = _scales(gathered, shard)
     for owner in range(-(-numel // shard)):  # owners whose shard holds real (unpadded) elements
         start, stop = owner * shard, min(numel, (owner + 1) * shard)
@@ -142,7 +157,7 @@ def int8_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.futures
             torch.mul(codes, scale, out=buffer[start:stop].view(chunks, chunk))
         else:  # the last shard runs into the padding
             buffer[start:stop].copy_(torch.mul(codes, scale).view(-1)[: stop - start])
-    state.quantise_seconds += time.perf_counter() - started
+    state.add_quantise_time(started, _clock(buffer.device))
     message_bytes = (world - 1) * (send.shape[1] * send.element_size() + row.numel() * row.element_size())
     state.bytes_sent += message_bytes
     state.bytes_received += message_bytes  # all-to-all and all-gather are symmetric: N−1 messages in, N−1 out

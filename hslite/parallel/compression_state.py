@@ -3,6 +3,8 @@
 No `from __future__ import annotations` here, as in `compression.py`: DDP inspects its hooks' annotations.
 """
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
@@ -44,7 +46,24 @@ class CompressionState:
         self.bytes_sent = 0  # int8: counted from the tensors handed to collectives; others: ring formula
         self.bytes_received = 0
         self.calls = dict.fromkeys(KINDS, 0)  # hook calls per kind
-        self.quantise_seconds = 0.0  # int8 quantise/dequantise/residual time, communication excluded
+        self._quantise_seconds = 0.0  # int8 quantise/dequantise/residual time, communication excluded
+        self._quantise_events: list[tuple[Any, Any]] = []  # CUDA (start, end) events not yet read into the total
+
+    @property
+    def quantise_seconds(self) -> float:
+        """Time spent quantising, dequantising and keeping residuals, collectives excluded (on a GPU: waits for it)."""
+        for start, end in self._quantise_events:
+            end.synchronize()
+            self._quantise_seconds += start.elapsed_time(end) / 1000  # CUDA events measure milliseconds
+        self._quantise_events = []
+        return self._quantise_seconds
+
+    def add_quantise_time(self, start: Any, end: Any) -> None:
+        """One phase of the int8 hook: perf_counter readings on CPU, CUDA events on a GPU (read lazily)."""
+        if isinstance(start, float):
+            self._quantise_seconds += end - start
+        else:
+            self._quantise_events.append((start, end))
 
     def set_kind(self, kind: str) -> None:
         """Switch compression for the next buckets; int8 residuals left over are added to the next gradients."""
@@ -91,7 +110,7 @@ class CompressionState:
         stats = state["stats"]
         self.bytes_sent, self.bytes_received = stats["bytes_sent"], stats["bytes_received"]
         self.calls = dict.fromkeys(KINDS, 0) | stats["calls"]
-        self.quantise_seconds = stats["quantise_seconds"]
+        self._quantise_seconds, self._quantise_events = stats["quantise_seconds"], []
 
     def _layout(self, bucket: dist.GradBucket) -> tuple[tuple[int, int], tuple[str | int, ...], list[int]]:
         params = bucket.parameters()

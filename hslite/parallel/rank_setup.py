@@ -14,6 +14,7 @@ import lightning.pytorch as pl
 import torch
 
 from hslite.allocator import keep_freed_memory
+from hslite.parallel.cuda_math import set_cuda_math
 
 
 def quiet_lightning() -> None:
@@ -43,17 +44,6 @@ def set_deterministic(deterministic: bool) -> None:
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
     torch.use_deterministic_algorithms(deterministic)  # set either way: it is global to the process
-
-
-def set_cuda_math(tf32: bool, cudnn_benchmark: bool) -> None:
-    """TF32 for fp32 matmuls and convolutions, and cuDNN's kernel timing, as a plan asks (the probe times them so).
-
-    Both are process-wide switches that torch leaves off; set either way so a probe of one plan does not leak into
-    the next. Harmless without CUDA: the CPU reads neither.
-    """
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    torch.backends.cudnn.allow_tf32 = tf32
-    torch.backends.cudnn.benchmark = cudnn_benchmark
 
 
 class RankSetup(pl.Callback):

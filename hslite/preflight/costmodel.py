@@ -26,6 +26,10 @@ if TYPE_CHECKING:
 
 # torch DDP's default bucket_cap_mb=25: the last bucket to fill is reduced after backward, so it never overlaps.
 DDP_BUCKET_CAP_BYTES = 25 * 2**20
+# Compressions whose DDP hook runs its collectives inside the hook and returns a completed future (compression.py's
+# int8 hook: a second collective waited on in a `.then` callback deadlocks over gloo). Backward resumes only once a
+# bucket's exchange is done, so none of it hides under backward (DESIGN §3, DDP overlap).
+SYNCHRONOUS_HOOKS = frozenset({"int8"})
 # Quantise + dequantise (with error feedback) cost per fp32 gradient byte when the probe did not measure it.
 # cpu: measured 2.5-3.8e-9 with one thread on an 8 MB buffer (2-core AVX2 CPU, torch 2.13, probe's
 # measure_compression). gpu: estimate, ~8 passes over the buffer at ~2 TB/s of HBM; measure it when it matters.
@@ -233,6 +237,10 @@ def comm_seconds(
             wire_bytes(sizes.grad_bytes, plan.compression), plan.world_size, link, ring_factor_exact=exact
         )
         overlap = link.overlap * max(0.0, 1.0 - DDP_BUCKET_CAP_BYTES / max(sizes.grad_bytes, 1))
+        if plan.compression in SYNCHRONOUS_HOOKS:
+            overlap = 0.0
+            if link.overlap > 0:
+                notes.append(f"{plan.compression}'s hook exchanges each bucket before backward goes on: no overlap")
         exposed_seconds = max(0.0, seconds - overlap * backward_seconds)
         if plan.compression in ("bf16", "fp16"):
             notes.append(f"{plan.compression} cast cost not priced")

@@ -16,7 +16,7 @@ from hslite.preflight.bundled import bundled_names, read_bundled
 
 # The share of the datasheet peaks a training step attains, for FLOPs and for bytes alike. Large, tuned models train
 # at 40-55 % of the bf16 peak (PaLM's 46 % MFU, Chowdhery et al. 2022, table 3); small convolutional models in eager
-# PyTorch attain less. A stated starting point, not yet calibrated on a GPU (benchmarks/gpu_check.sh prints the
+# PyTorch attain less. A stated starting point, not yet calibrated on a GPU (benchmarks/gpu_smoke.py prints the
 # profile's error beside the measurement); preflight.device_efficiency or a profile's own `efficiency` overrides it.
 DEFAULT_EFFICIENCY = 0.35
 # Host time eager PyTorch spends to issue one kernel (Python, dispatcher, autograd, the CUDA launch): GPU work is

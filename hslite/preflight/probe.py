@@ -3,11 +3,14 @@
 `probe_model` runs a few real training steps of the model on one device (CUDA events on GPU) at the requested
 batch size and at half of it, counts the bytes autograd saves for backward, and caches the result as JSON under the
 user cache dir. On CPU the "devices" are processes sharing the cores, so probe with the threads one rank would get:
-`threads_per_process(plan)`.
+`threads_per_process(plan)`. On GPU it times with the plan's CUDA math (TF32, cuDNN benchmark) and hands the memory
+it cached back to the device when done, so the ranks that start after it find it free.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -20,14 +23,15 @@ from hslite.allocator import keep_freed_memory
 from hslite.cache import read_cache, write_cache
 from hslite.errors import ConfigError
 from hslite.optim import adamw
-from hslite.parallel.plan import PRECISIONS, Plan, threads_per_process
+from hslite.parallel.plan import PRECISIONS, Plan, process_group_backend, threads_per_process
 from hslite.preflight.activations import SavedTensorCounter, measure_tokenizer
 from hslite.preflight.formulas import fit_compute_model
 from hslite.preflight.measurements import Footprint, ProbeResult
-from hslite.preflight.timers import autocast, intervals_seconds, mark, wall_seconds
+from hslite.preflight.timers import autocast, cuda_math, intervals_seconds, mark, wall_seconds
 
 PROBE_FIELDS_VERSION = 4  # bump when ProbeResult gains a measured field, so cached probes are re-measured
 COMPRESSION_PROBE_MAX_ELEMENTS = 1 << 24  # 64 MB of fp32 is enough to reach the per-byte rate; bigger only costs time
+PROBE_DEVICE = "cuda:0"  # the one GPU a GPU plan is probed on; the launching process touches no other
 
 
 def probe_for_plans(
@@ -35,16 +39,19 @@ def probe_for_plans(
 ) -> Callable[[Plan], ProbeResult]:
     """A `probe_for` for `run_preflight`: probes at the plan's batch and precision.
 
-    GPU plans are probed on cuda:0, CPU plans with the threads one rank gets and with the plan's ranks stepping at
-    once, for their contention (`measure_contention`). `probe_kwargs` go to `probe_model`
+    GPU plans are probed on PROBE_DEVICE with the plan's TF32 and cuDNN-benchmark settings, CPU plans with the
+    threads one rank gets and with the plan's ranks stepping at once, for their contention (`measure_contention`).
+    `probe_kwargs` go to `probe_model`
     (cache_key, fresh, steps, measure_compression, measure_fsdp, tokenizer_modules, band_group_sizes, ...).
     """
 
     def probe_for(plan: Plan) -> ProbeResult:
         on_gpu = plan.accelerator == "gpu"
         return probe_model(model_factory, make_batch, batch_size=plan.batch_size, precision=plan.precision,
-                           device="cuda:0" if on_gpu else "cpu", threads=None if on_gpu else threads_per_process(plan),
-                           concurrent_ranks=1 if on_gpu else plan.devices, **probe_kwargs)  # fmt: skip
+                           device=PROBE_DEVICE if on_gpu else "cpu",
+                           threads=None if on_gpu else threads_per_process(plan),
+                           concurrent_ranks=1 if on_gpu else plan.devices, tf32=plan.tf32,
+                           cudnn_benchmark=plan.cudnn_benchmark, **probe_kwargs)  # fmt: skip
 
     return probe_for
 
@@ -68,6 +75,8 @@ def probe_model(
     loss_fn: Callable[[Tensor, Tensor], Tensor] = nn.functional.cross_entropy,
     budget_seconds: float = 10.0,  # timed steps stop here; a normal 3D-CNN probe needs ~3 s on 2 cores
     concurrent_ranks: int = 1,
+    tf32: bool = True,  # CUDA only, as Plan.tf32
+    cudnn_benchmark: bool = True,  # CUDA only, as Plan.cudnn_benchmark
 ) -> ProbeResult:
     """Measure one training step of `model_factory()` on one device; cached when `cache_key` is given.
 
@@ -77,7 +86,9 @@ def probe_model(
     "partial_aggregation") for channel_vit: their share of forward time and of activation bytes is measured, and the
     output of the last one, summed over its calls, is the group-token size per sample. `concurrent_ranks` > 1 on
     CPU also measures how much slower a step runs with that many ranks at once (`measure_contention`), the
-    spawned processes needing the caller's `if __name__ == "__main__":` guard. `fresh=True` re-measures.
+    spawned processes needing the caller's `if __name__ == "__main__":` guard. On CUDA every step is timed with
+    `tf32` and `cudnn_benchmark` set as training sets them (the process's own settings come back after), and the
+    allocator's cache is emptied once measured (`_release_cuda_memory`). `fresh=True` re-measures.
     """
     if precision not in PRECISIONS:
         raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}.")
@@ -98,6 +109,9 @@ def probe_model(
         "tokenizer_modules": list(tokenizer_modules),
         "band_group_sizes": band_group_sizes,
         "concurrent_ranks": concurrent_ranks if dev.type == "cpu" else 1,
+        # The CPU reads neither switch, so a CPU probe is the same measurement whatever the plan says.
+        "tf32": tf32 if dev.type == "cuda" else None,
+        "cudnn_benchmark": cudnn_benchmark if dev.type == "cuda" else None,
         "torch": torch.__version__,
         "allocator_keeps_memory": keep_freed_memory(),
         "fields": PROBE_FIELDS_VERSION,
@@ -106,39 +120,69 @@ def probe_model(
         cached = None if cache_key is None or fresh else read_cache("probe", key)
         if cached is not None:
             return ProbeResult.from_dict(cached)
-        result = _measure(
-            model_factory,
-            make_batch,
-            batch_size,
-            precision,
-            dev,
-            warmup,
-            steps,
-            loss_fn,
-            time.monotonic() + budget_seconds,
-        )
-        if measure_compression:
-            result.compress_seconds_per_byte = _int8_seconds_per_byte(result.param_count, dev)
-        overhead = measure_fsdp_overhead(model_factory, make_batch(batch_size), result, loss_fn, warmup, steps) \
-            if measure_fsdp else None  # fmt: skip
-        if overhead is not None:
-            result.fsdp_micro_overhead_seconds, result.fsdp_optimizer_overhead_seconds = overhead
-        if tokenizer_modules:
-            names = tuple(tokenizer_modules)
-            result.chag_fraction = measure_tokenizer(result, model_factory, make_batch, names, precision, dev, loss_fn)
-            result.band_group_sizes = band_group_sizes
-        if dev.type == "cpu" and concurrent_ranks > 1:
-            alone_seconds = result.forward_seconds + result.backward_seconds + result.optimizer_seconds
-            result.contention = measure_contention(model_factory(), make_batch(batch_size), ranks=concurrent_ranks,
-                                                   threads=torch.get_num_threads(), precision=precision,
-                                                   alone_seconds=alone_seconds, loss_fn=loss_fn, warmup=warmup,
-                                                   steps=steps)  # fmt: skip
-            result.contention_ranks = concurrent_ranks
+        with _probing(dev, tf32, cudnn_benchmark):
+            result = _measure(
+                model_factory,
+                make_batch,
+                batch_size,
+                precision,
+                dev,
+                warmup,
+                steps,
+                loss_fn,
+                time.monotonic() + budget_seconds,
+            )
+            if measure_compression:
+                result.compress_seconds_per_byte = _int8_seconds_per_byte(result.param_count, dev)
+            overhead = measure_fsdp_overhead(model_factory, make_batch(batch_size), result, loss_fn, warmup, steps) \
+                if measure_fsdp else None  # fmt: skip
+            if overhead is not None:
+                result.fsdp_micro_overhead_seconds, result.fsdp_optimizer_overhead_seconds = overhead
+            if tokenizer_modules:
+                names = tuple(tokenizer_modules)
+                result.chag_fraction = measure_tokenizer(
+                    result, model_factory, make_batch, names, precision, dev, loss_fn
+                )
+                result.band_group_sizes = band_group_sizes
+            if dev.type == "cpu" and concurrent_ranks > 1:
+                alone_seconds = result.forward_seconds + result.backward_seconds + result.optimizer_seconds
+                result.contention = measure_contention(model_factory(), make_batch(batch_size), ranks=concurrent_ranks,
+                                                       threads=torch.get_num_threads(), precision=precision,
+                                                       alone_seconds=alone_seconds, loss_fn=loss_fn, warmup=warmup,
+                                                       steps=steps)  # fmt: skip
+                result.contention_ranks = concurrent_ranks
     finally:
         torch.set_num_threads(previous_threads)
     if cache_key is not None:
         write_cache("probe", key, result.to_dict())
     return result
+
+
+@contextlib.contextmanager
+def _probing(dev: torch.device, tf32: bool, cudnn_benchmark: bool) -> Iterator[None]:
+    """The plan's CUDA math while the probe measures on `dev`; after it, what the probe cached handed back to CUDA."""
+    with cuda_math(tf32, cudnn_benchmark, dev):
+        try:
+            yield
+        finally:
+            if dev.type == "cuda":
+                _release_cuda_memory()
+
+
+def _release_cuda_memory() -> None:
+    """Hand what the probe's models, optimisers and batches left in torch's CUDA caches back to the device.
+
+    Freed tensors stay reserved by this process's caching allocator, and the ranks start after the probe (in other
+    processes, or this one with other tensors): without this they would find the probe's peak missing from their
+    GPU, and `gate` prices the memory free after the probe. FSDP2's state and its module refer to each other, so a
+    sharded model is freed by the cycle collector, not on return; cuBLAS keeps its workspaces outside what
+    `empty_cache` releases (pytorch/pytorch#95668; Lightning's CUDA teardown clears those two the same way).
+    """
+    gc.collect()
+    clear_cublas_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear_cublas_workspaces is not None:  # absent from CPU builds of torch
+        clear_cublas_workspaces()
+    torch.cuda.empty_cache()
 
 
 def _timed_step(
@@ -378,7 +422,9 @@ def measure_fsdp_overhead(
     if dist.is_initialized():
         return None
     dev = torch.device(plain.device.split(" ")[0])
-    backend = "nccl" if dev.type == "cuda" else "gloo"
+    # The ranks' own backend: FSDP2 is timed over the groups training uses, and a CPU tensor handed to a collective
+    # finds gloo as it would in training, instead of failing on an NCCL-only group.
+    backend = process_group_backend("gpu" if dev.type == "cuda" else "cpu")
     dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     try:
         torch.manual_seed(0)

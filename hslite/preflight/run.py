@@ -31,7 +31,7 @@ def run_preflight(
     requested: Plan,
     probe_for: Callable[[Plan], ProbeResult],
     link_for: Callable[[Plan], LinkModel] | None = None,
-    device_memory_bytes: int | None = None,
+    device_memory_bytes: int | Callable[[], int] | None = None,
     min_efficiency: float = 0.5,
     max_devices: int | None = None,
     *,
@@ -45,9 +45,12 @@ def run_preflight(
 ) -> Verdict:
     """Probe, price every candidate and decide; the single entry point of the pre-flight check.
 
-    `probe_for(plan)` is called once per distinct (precision, accelerator, CPU ranks per node) with a one-rank plan
-    at the requested per-device batch; other batches come from the fitted c0 + c1·b. `probe_for_plans(factory,
-    make_batch)` builds one (CPU ranks probed with the threads they will get). `link_for(plan)` gives the
+    `probe_for(plan)` is called once per distinct (precision, accelerator, CPU ranks per node, CUDA math) with a
+    one-rank plan at the requested per-device batch and the plan's tf32 and cudnn_benchmark; other batches come from
+    the fitted c0 + c1·b. `probe_for_plans(factory, make_batch)` builds one (CPU ranks probed with the threads they
+    will get). `device_memory_bytes` is one device's budget (host memory for CPU plans), or a callable read once,
+    when the first plan is priced, after its probe and loop measurement: a GPU's free memory depends on what they
+    left on it (`gate._memory_bytes`). `link_for(plan)` gives the
     data-parallel link, once per distinct group: `measure_links_for` on this box, or a topology's `link_for`.
     `loop_seconds_for(plan)` is the training loop's cost per micro-step for the plan's ranks (once per distinct
     ranks and accelerator; `measure_step_overhead` on this box); without it the loop is not priced.
@@ -65,6 +68,8 @@ def run_preflight(
         max_devices = max_devices or topology.gpus_per_node
     if link_for is None or device_memory_bytes is None:
         raise ConfigError("run_preflight needs link_for and device_memory_bytes, or a topology profile that has both.")
+    memory_source = device_memory_bytes
+    memory: list[int] = []
     probes: dict[tuple[Any, ...], ProbeResult] = {}
     links: dict[tuple[Any, ...], LinkModel] = {}
     loops: dict[tuple[Any, ...], float] = {}
@@ -75,6 +80,12 @@ def run_preflight(
             loops[key] = loop_seconds_for(plan)
         return loops.get(key, 0.0)
 
+    def memory_bytes() -> int:
+        # Read once, when the first plan is priced: what a GPU has free depends on what its probe left there.
+        if not memory:
+            memory.append(memory_source() if callable(memory_source) else memory_source)
+        return memory[0]
+
     def price(plan: Plan) -> Prediction:
         ranks_sharing_cores = plan.devices if plan.accelerator == "cpu" else 1  # sets the threads a CPU rank gets
         probe_batch = plan.batch_size if probe_each_batch else requested.batch_size
@@ -82,7 +93,8 @@ def run_preflight(
             # A lone CPU rank prices only one-device candidates, up to BATCH_SCALES' 4× the requested micro-batch;
             # probed at (b, b/2) it would extrapolate the biggest of them (usually the best) fourfold.
             probe_batch = largest_one_device_batch(requested)
-        probe_key = (plan.precision, plan.accelerator, ranks_sharing_cores, probe_batch)
+        cuda_math = (plan.tf32, plan.cudnn_benchmark)
+        probe_key = (plan.precision, plan.accelerator, ranks_sharing_cores, probe_batch, *cuda_math)
         if probe_key not in probes:
             probes[probe_key] = probe_for(
                 Plan(
@@ -90,6 +102,8 @@ def run_preflight(
                     accelerator=plan.accelerator,
                     batch_size=probe_batch,
                     precision=plan.precision,
+                    tf32=plan.tf32,
+                    cudnn_benchmark=plan.cudnn_benchmark,
                 )
             )
         link_key = (plan.devices, plan.num_nodes, plan.accelerator)
@@ -98,15 +112,18 @@ def run_preflight(
         chag_link = None
         if plan.chag_enabled and chag_link_for is not None:
             chag_link = chag_link_for(plan)
+        # Measured before memory is read: a one-rank loop on a GPU trains in this process.
+        ranks_loop_seconds = loop_seconds(plan)
+        alone_loop_seconds = loop_seconds(Plan(accelerator=plan.accelerator))
         pred = predict(
             plan,
             probes[probe_key],
             links[link_key],
-            device_memory_bytes,
+            memory_bytes(),
             chag_link=chag_link,
             cpu_cores=cpu_cores,
-            loop_seconds=loop_seconds(plan),
-            alone_loop_seconds=loop_seconds(Plan(accelerator=plan.accelerator)),
+            loop_seconds=ranks_loop_seconds,
+            alone_loop_seconds=alone_loop_seconds,
         )
         pred.notes += topology.mapping_notes(plan) if topology is not None else []
         return pred

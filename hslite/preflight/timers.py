@@ -1,13 +1,15 @@
-"""Device-aware timing for the probe: CUDA events on GPU, perf_counter on CPU, and the plan's autocast."""
+"""Device-aware timing for the probe: CUDA events on GPU, perf_counter on CPU, and the plan's autocast and CUDA math."""
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+
+from hslite.parallel.cuda_math import restore_cuda_math, set_cuda_math
 
 
 def autocast(precision: str, dev: torch.device) -> contextlib.AbstractContextManager[Any]:
@@ -19,12 +21,31 @@ def autocast(precision: str, dev: torch.device) -> contextlib.AbstractContextMan
     return torch.autocast(dev.type, dtype=dtype)
 
 
+@contextlib.contextmanager
+def cuda_math(tf32: bool, cudnn_benchmark: bool, dev: torch.device) -> Iterator[None]:
+    """A plan's TF32 and cuDNN-benchmark switches while timing on `dev`, the process's own settings restored after.
+
+    The ranks train with them (`rank_setup.set_cuda_math`), and they change what is timed: TF32 runs fp32 matmuls and
+    convolutions on tensor cores (an A100's datasheet: 156 TFLOP/s against 19.5 in fp32), and cuDNN's benchmark
+    picks other kernels. A probe without them prices another step. Nothing on CPU: it reads neither switch.
+    """
+    if dev.type != "cuda":
+        yield
+        return
+    previous = set_cuda_math(tf32, cudnn_benchmark)
+    try:
+        yield
+    finally:
+        restore_cuda_math(previous)
+
+
 def mark(dev: torch.device) -> Any:
-    """A point in time on `dev`: a recorded CUDA event on GPU (no sync), perf_counter elsewhere."""
+    """A point in time on `dev`: a CUDA event recorded on `dev`'s current stream (no sync), perf_counter elsewhere."""
     if dev.type != "cuda":
         return time.perf_counter()
     event = torch.cuda.Event(enable_timing=True)
-    event.record()
+    # On `dev`'s stream, not the current device's: an event recorded on another GPU's stream times that GPU's work.
+    event.record(torch.cuda.current_stream(dev))
     return event
 
 
@@ -37,7 +58,11 @@ def intervals_seconds(marks: list[Any], dev: torch.device) -> list[float]:
 
 
 def wall_seconds(fn: Callable[[], Any], dev: torch.device) -> float:
-    """Wall-clock seconds of `fn()`, including the GPU work it queued."""
+    """Wall-clock seconds of `fn()`, including the GPU work it queued and none that was queued before it."""
+    if dev.type == "cuda":
+        # GPU work queued earlier (a warm-up call, a model's copy to the device) would otherwise run inside the
+        # timed window: the host returns from queuing long before the GPU finishes.
+        torch.cuda.synchronize(dev)
     start = time.perf_counter()
     fn()
     if dev.type == "cuda":
