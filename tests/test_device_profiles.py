@@ -177,6 +177,8 @@ def test_gpus_that_are_here_are_measured_and_the_profile_is_not_used(capsys, mon
     monkeypatch.setattr(gate, "visible_devices", lambda accelerator: 2)
     monkeypatch.setattr(gate, "probe_for_plans", lambda *args, **kwargs: _measured_probe)
     monkeypatch.setattr(gate, "measure_step_overhead", lambda plan, classes, fresh=False: 1e-3)
+    monkeypatch.setattr(gate, "_forked_cuda_devices", lambda plan, from_profile: [])  # no CUDA generator here
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (80 * 2**30, 80 * 2**30), raising=False)
     gpus_here = ["recipe=quickstart", "parallel.accelerator=gpu", "parallel.devices=2"]
     main(["preflight", *gpus_here, *PRICE_ON_H100])
     report = json.loads(capsys.readouterr().out)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -110,7 +111,8 @@ def test_a_killed_rank_ends_the_job_naming_it_and_the_resumed_run_matches_an_uni
 
     work = tmp_path / "faulty"
     err = _fail_rank_1(work, signal.SIGKILL)
-    assert "rank 1 was killed by SIGKILL while training epoch" in err, err[-3000:]
+    # Named with what it was doing: an epoch of this size ends fast, so the kill may land in its validation.
+    assert re.search(r"rank 1 was killed by SIGKILL while (training|validating after) epoch", err), err[-3000:]
     (failed,) = (work / "runs" / "quickstart_cpu2").iterdir()
     assert failed.name.endswith(".failed")
 
