@@ -21,14 +21,8 @@ def set_cuda_math(tf32: bool, cudnn_benchmark: bool) -> tuple[Any, ...]:
     Set either way, so a probe of one plan does not leak into the next. Harmless without CUDA: the CPU reads neither.
     """
     previous = current_cuda_math()
-    if _NEW_API:
-        precision = "tf32" if tf32 else "ieee"
-        torch.backends.cuda.matmul.fp32_precision = precision
-        torch.backends.cudnn.conv.fp32_precision = precision
-    else:
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        torch.backends.cudnn.allow_tf32 = tf32
-    torch.backends.cudnn.benchmark = cudnn_benchmark
+    precision: Any = ("tf32" if tf32 else "ieee") if _NEW_API else tf32
+    restore_cuda_math((precision, precision, cudnn_benchmark))
     return previous
 
 
@@ -41,9 +35,9 @@ def current_cuda_math() -> tuple[Any, ...]:
     return matmul, conv, torch.backends.cudnn.benchmark
 
 
-def restore_cuda_math(previous: tuple[Any, ...]) -> None:
-    """Put back what current_cuda_math (or set_cuda_math) returned."""
-    matmul, conv, benchmark = previous
+def restore_cuda_math(switches: tuple[Any, ...]) -> None:
+    """Set the switches as current_cuda_math (or set_cuda_math) returned them."""
+    matmul, conv, benchmark = switches
     if _NEW_API:
         torch.backends.cuda.matmul.fp32_precision = matmul
         torch.backends.cudnn.conv.fp32_precision = conv
