@@ -187,9 +187,12 @@ def check_collectives(ctx: Context) -> None:
             raise SmokeFailure(f"gathered {gathered}")
         report("PASS", "a.all_gather_object", f"a dict, backend {backend!r}")
     with checking("a.barrier"):
+        from hslite.parallel.strategies import FENCE_BARRIER_KWARGS, FencedBarrier
+
         start = perf_counter()
-        dist.barrier()
-        report("PASS", "a.barrier", f"{(perf_counter() - start) * 1e3:.1f} ms, backend {backend!r}")
+        FencedBarrier().barrier()  # the fence every hslite strategy ends a rank's solo work with
+        fence = "with its own 10 min deadline" if FENCE_BARRIER_KWARGS else "this torch has no per-call barrier timeout"
+        report("PASS", "a.barrier", f"{(perf_counter() - start) * 1e3:.1f} ms, backend {backend!r}, {fence}")
     with checking("a.cpu_all_reduce_max"):
         host = torch.tensor([1.0, 5.0, 3.0])  # a host figure (timings, usage), as hslite reduces once an epoch
         dist.all_reduce(host, dist.ReduceOp.MAX)

@@ -8,6 +8,7 @@ Build them directly (no registry name): `Trainer(strategy=CompressedDDPStrategy(
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch.distributed as dist
@@ -25,6 +26,10 @@ from hslite.parallel.wire_format import DEFAULT_CHUNK_ELEMS, check_kind
 CHECKPOINT_KEY = "hslite_compression"  # top-level checkpoint entry: {"world_size": N, "ranks": [state per rank]}
 
 
+# Older torch releases have no per-call barrier timeout; there a barrier keeps the process group's deadline.
+FENCE_BARRIER_KWARGS = {"timeout": FENCE_TIMEOUT} if "timeout" in inspect.signature(dist.barrier).parameters else {}
+
+
 class FencedBarrier:
     """A barrier that waits FENCE_TIMEOUT, not the collectives' short deadline.
 
@@ -38,7 +43,7 @@ class FencedBarrier:
 
     def barrier(self, name: str | None = None) -> None:  # noqa: D102 - Lightning's hook, with a longer deadline
         if dist.is_available() and dist.is_initialized():
-            dist.barrier(timeout=FENCE_TIMEOUT)
+            dist.barrier(**FENCE_BARRIER_KWARGS)
 
 
 class FencedDDPStrategy(FencedBarrier, DDPStrategy):
