@@ -64,6 +64,12 @@ def config_for_plan(cfg: Config, plan: Plan) -> Config:
 def build_datamodule(cfg: Config) -> HSIDataModule:
     """The datamodule a recipe describes (plain arguments, no Config inside)."""
     d = cfg.data
+    on_gpu = resolve_accelerator(cfg.parallel.accelerator) == "gpu" and torch.cuda.is_available()
+    if d.gather_on_device and resolve_accelerator(cfg.parallel.accelerator) != "gpu":
+        raise ConfigError(
+            "data.gather_on_device=true keeps the cube in GPU memory, and this run is on CPU processes: drop it, or "
+            "set parallel.accelerator=gpu."
+        )
     return HSIDataModule(
         scene=d.scene,
         root=d.root,
@@ -90,9 +96,10 @@ def build_datamodule(cfg: Config) -> HSIDataModule:
         class_names=list(d.class_names),
         wavelengths=d.wavelengths,
         ignore_label=d.ignore_label,
-        # GPU batches are gathered into pinned memory, so the copy up overlaps the step (patches.to_device).
-        # (Not where no GPU is here: a GPU plan is then only priced, from a device profile.)
-        pin_memory=resolve_accelerator(cfg.parallel.accelerator) == "gpu" and torch.cuda.is_available(),
+        # GPU batches are gathered into pinned memory, so the copy up overlaps the step (patches.to_device), or on
+        # the GPU itself. Not where no GPU is here: a GPU plan is then only priced, from a device profile.
+        pin_memory=on_gpu,
+        gather_device="cuda" if on_gpu and d.gather_on_device else None,
     )
 
 

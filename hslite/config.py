@@ -63,6 +63,9 @@ class DataConfig:
     eval_batch_size: int = ranged(1024, AT_LEAST_1)  # batch for validation, test and whole-scene prediction, samples
     augment: bool = False  # random flips and 90° rotations of training patches
     num_workers: int = ranged(0, AT_LEAST_0)  # DataLoader workers; 0 means gather in the training process
+    # GPU plans: keep the padded cube in GPU memory and gather patches there (no patch crosses the bus; needs
+    # num_workers=0; the probe then times that path); false gathers on the host into pinned memory
+    gather_on_device: bool = False
 
 
 @dataclass

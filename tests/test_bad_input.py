@@ -268,6 +268,13 @@ FIT_CASES = [
         id="fsdp-with-compression",
     ),
     pytest.param(
+        ["data.gather_on_device=true", "parallel.accelerator=cpu"],
+        {},
+        2,
+        ("data.gather_on_device=true keeps the cube in GPU memory", "parallel.accelerator=gpu"),
+        id="gather-on-device-on-cpu",
+    ),
+    pytest.param(
         ["parallel.devices=2", "parallel.fsdp=true", "parallel.precision=16-mixed"],
         {},
         2,

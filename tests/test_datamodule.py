@@ -121,3 +121,16 @@ def test_pinning_is_for_cuda_and_the_gather_device_for_one_process(monkeypatch):
     monkeypatch.undo()
     with pytest.raises(DataError, match="gather_device='cuda' keeps the cube on a CUDA device, and torch sees none"):
         on_cuda.train_dataloader()
+
+
+def test_a_gpu_recipe_pins_its_batches_or_gathers_on_the_device_as_it_asks(monkeypatch):
+    from hslite.build import build_datamodule
+    from hslite.config import load_config
+
+    gpu = ["parallel.accelerator=gpu"]
+    assert not build_datamodule(load_config("quickstart", gpu)).pin_memory  # no CUDA here: only priced, not run
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    host = build_datamodule(load_config("quickstart", gpu))
+    assert host.pin_memory and host.gather_device is None
+    device = build_datamodule(load_config("quickstart", [*gpu, "data.gather_on_device=true"]))
+    assert device.gather_device == "cuda"
