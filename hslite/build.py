@@ -64,8 +64,9 @@ def config_for_plan(cfg: Config, plan: Plan) -> Config:
 def build_datamodule(cfg: Config) -> HSIDataModule:
     """The datamodule a recipe describes (plain arguments, no Config inside)."""
     d = cfg.data
-    on_gpu = resolve_accelerator(cfg.parallel.accelerator) == "gpu" and torch.cuda.is_available()
-    if d.gather_on_device and resolve_accelerator(cfg.parallel.accelerator) != "gpu":
+    gpu_plan = resolve_accelerator(cfg.parallel.accelerator) == "gpu"
+    on_gpu = gpu_plan and torch.cuda.is_available()
+    if d.gather_on_device and not gpu_plan:
         raise ConfigError(
             "data.gather_on_device=true keeps the cube in GPU memory, and this run is on CPU processes: drop it, or "
             "set parallel.accelerator=gpu."

@@ -32,3 +32,19 @@ def test_batch_time_includes_the_fetch_before_the_next_batch_and_not_the_gap_acr
     assert timer.batch_seconds == [1.0, 2.0, 3.0, 4.0, 1.0]  # 6 -> 100 (validation) is no batch's time
     assert logged["perf/median_batch_seconds"] == 2.5  # the run's first batch is left out
     assert logged["perf/train_samples"] == 5 * 4 * 2
+
+
+def test_on_a_gpu_the_epoch_ends_only_when_its_queued_work_has_run(monkeypatch):
+    # Steps do not wait for the GPU (task.py), so the epoch's last batch may still be queued when the epoch ends.
+    order: list[str] = []
+    monkeypatch.setattr(fit_module.time, "perf_counter", lambda: order.append("clock") or float(len(order)))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: order.append(f"sync {device}"))
+    strategy = SimpleNamespace(reduce=lambda values, reduce_op: values, root_device=torch.device("cuda:1"))
+    trainer = SimpleNamespace(world_size=1, current_epoch=0, global_step=1, strategy=strategy)
+    module = SimpleNamespace(log_dict=lambda metrics, **_: None)
+    timer = TrainThroughput()
+    timer.on_train_epoch_start(trainer, module)
+    timer.on_train_batch_start(trainer, module, (torch.zeros(2, 3), torch.zeros(2)), 0)
+    timer.on_train_epoch_end(trainer, module)
+    monkeypatch.undo()
+    assert order == ["clock", "sync cuda:1", "clock"]
