@@ -82,7 +82,7 @@ def _memory_bytes(accelerator: str) -> int:
     """One device's memory budget: what the probed GPU has free, or this host's memory for CPU processes.
 
     Free, not total, on a GPU: other processes' allocations, the CUDA context this launching process keeps there
-    while the ranks train (~0.5 GB) and the libraries its probe loaded are not the ranks' to use. Read after the
+    while the ranks train and the libraries its probe loaded are not the ranks' to use. Read after the
     probe (`run_preflight` calls it when the first plan is priced) and after the probe has handed its cached blocks
     back (`probe_model`), because the ranks start after the probe: what is free then is their budget. Only the
     probed GPU is asked, since asking another creates a CUDA context there; with nothing else running on the others
@@ -108,9 +108,9 @@ def _forked_cuda_devices(plan: Plan, from_profile: bool) -> list[torch.device]:
     """The CUDA devices whose generators the check gives back: the probed GPU, or the current one, or none.
 
     The probed GPU when the check runs there; else the current device where CUDA is already up, as the probe's
-    seeding reaches every CUDA generator; else none. Reading a GPU's generator creates a CUDA context on it, ~0.5 GB
-    that this launching process then holds for the whole run, before a rank has started: forking every device cost
-    that on each GPU. Other GPUs only ever run spawned ranks, which seed their own generators.
+    seeding reaches every CUDA generator; else none. Reading a GPU's generator creates a CUDA context on it (hundreds
+    of MB) that this launching process then holds for the whole run, before a rank has started: forking every device
+    cost that on each GPU. Other GPUs only ever run spawned ranks, which seed their own generators.
     """
     if not torch.cuda.is_available():
         return []

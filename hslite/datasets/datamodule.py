@@ -42,9 +42,8 @@ class HSIDataModule(lightning.LightningDataModule):
     - `gather_device=None` (the default): on the host, by the C kernel; `pin_memory=True` page-locks them, so that
       Lightning's `non_blocking=True` copy to the GPU overlaps the step instead of waiting for the GPU first. Without
       workers the patches are gathered straight into page-locked memory and only the labels are copied into it (a
-      DataLoader that pinned a pageable batch would copy it all again on the training thread: 1.3 ms for an IP-sized
-      batch of 256 here); from workers, the DataLoader's pinning thread copies each batch once. Page-locks a few
-      batches' worth of host memory for the run.
+      DataLoader that pinned a pageable batch would copy it all again on the training thread); from workers, the
+      DataLoader's pinning thread copies each batch once. Page-locks a few batches' worth of host memory for the run.
     - `gather_device="cuda"` (or "cuda:N"): the padded cube, coordinates and labels live on the GPU (the padded cube's
       bytes, plus 24 bytes per sample of each set; the predict set has every pixel) and batches are gathered there:
       no patch crosses the bus, only each batch's indices. The cube moves at the first gather, in the process that

@@ -248,9 +248,8 @@ def trainer_kwargs(plan: Plan, progress: bool = True, deterministic: bool = Fals
 # SIGABRT). A stalled rank ignores the launcher's SIGTERM and is killed 30 s later, so the job ends about 15 + 30 s
 # after the stall (48 s measured here, 54.6 s with 20 s), within the minute on a loaded box (rank_watch.py). A
 # training step or a validation must not keep one rank from the others longer than this; the phases where one rank
-# works alone (rank 0 writing a checkpoint) end in a barrier, which waits FENCE_TIMEOUT instead (rank_watch.fence).
+# works alone (rank 0 writing a checkpoint) end in a barrier, which waits longer (strategies.FENCE_TIMEOUT).
 PROCESS_GROUP_TIMEOUT = timedelta(seconds=15)
-FENCE_TIMEOUT = timedelta(minutes=10)
 
 
 def process_group_backend(accelerator: str) -> str:

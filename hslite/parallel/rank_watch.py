@@ -3,7 +3,7 @@
 Two parts. Every collective has a deadline (`plan.PROCESS_GROUP_TIMEOUT`): a rank waiting on a
 stalled peer raises (gloo) or is aborted by NCCL's watchdog (GPUs) instead of waiting torch's default 30 minutes, and
 Lightning's spawn launcher then stops the other ranks (SIGTERM, SIGKILL 30 s later) — no rank is left behind. Barriers,
-which end the phases where one rank works alone (rank 0 writing a checkpoint), wait `plan.FENCE_TIMEOUT` instead
+which end the phases where one rank works alone (rank 0 writing a checkpoint), wait `strategies.FENCE_TIMEOUT` instead
 (strategies.FencedBarrier), so a long write does not end a healthy job. A rank that dies outright (`kill -9`, out of
 memory) is seen at once by the launcher's join. And each rank writes what it is doing (`RankActivity`, a small
 JSON file per rank, at most once a second), so that `rank_failure` can say which rank failed, how, and where.

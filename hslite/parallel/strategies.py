@@ -9,6 +9,7 @@ Build them directly (no registry name): `Trainer(strategy=CompressedDDPStrategy(
 from __future__ import annotations
 
 import inspect
+from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
@@ -20,12 +21,13 @@ from torch.nn.parallel import DistributedDataParallel
 from hslite.errors import ConfigError
 from hslite.parallel.compression import dispatch_hook
 from hslite.parallel.compression_state import CompressionState
-from hslite.parallel.plan import FENCE_TIMEOUT
 from hslite.parallel.wire_format import DEFAULT_CHUNK_ELEMS, check_kind
 
 CHECKPOINT_KEY = "hslite_compression"  # top-level checkpoint entry: {"world_size": N, "ranks": [state per rank]}
 
 
+# A barrier's deadline: the longest one rank may work alone (write a checkpoint) while the others wait.
+FENCE_TIMEOUT = timedelta(minutes=10)
 # Older torch releases have no per-call barrier timeout; there a barrier keeps the process group's deadline.
 FENCE_BARRIER_KWARGS = {"timeout": FENCE_TIMEOUT} if "timeout" in inspect.signature(dist.barrier).parameters else {}
 
