@@ -20,10 +20,10 @@ from _gpu_smoke_sections import Context, SmokeFailure, checking, report
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from hslite.checkpoints import load_weights
 from hslite.cli import main as hslite
-from hslite.config import Config, load_config
-from hslite.training_state import TrainingState
+from hslite.recipe.config import Config, load_config
+from hslite.run.checkpoints import load_weights
+from hslite.run.training_state import TrainingState
 
 ONE_DEVICE = "one device: Lightning's SingleDeviceStrategy (hslite starts DDP only for ≥ 2 ranks)"
 # Deterministic kernels, flips and small batches: every epoch draws a shuffle and flips a resume must reproduce.
@@ -150,8 +150,8 @@ class StrategyProbe(pl.Callback):
 
 def _fit_with(ctx: Context, cfg: Config, precision: str, strategy: Any) -> dict[str, float]:
     """A short Lightning fit of the recipe's task with `strategy` on one device; the callback metrics."""
-    from hslite.build import build_task, plan_from_config, prepared_datamodule
     from hslite.parallel.plan import trainer_kwargs
+    from hslite.recipe.build import build_task, plan_from_config, prepared_datamodule
 
     kwargs = trainer_kwargs(plan_from_config(cfg).with_(precision=precision), progress=False)
     kwargs["callbacks"].append(StrategyProbe())
@@ -221,7 +221,7 @@ def _roofline(summary: dict[str, Any]) -> dict[str, float]:
 def _calibrate(run: Path, profile: str) -> dict[str, Any]:
     """The probe's and the profile's predicted step beside the fit's measured one, and the e and launch cost that
     would have made the profile right."""
-    from hslite.gate import check_recipe
+    from hslite.recipe.gate import check_recipe
 
     metrics = _metrics(run)
     measured = metrics["median_batch_seconds"] * metrics["plan"]["accumulate"]  # one optimiser step, as fit reports

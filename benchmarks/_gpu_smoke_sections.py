@@ -329,7 +329,7 @@ DRY_RUN_RECIPES = ("salinas_a_1gpu",)  # a small model: its step takes milliseco
 
 def _recipes_by_shape(ctx: Context) -> dict[tuple[Any, ...], list[str]]:
     """The shipped GPU recipes, grouped by what the data path and one device's step depend on."""
-    from hslite.config import list_recipes, load_config
+    from hslite.recipe.config import list_recipes, load_config
 
     names = DRY_RUN_RECIPES if ctx.dry_run else [name for name in list_recipes() if "gpu" in name]
     groups: dict[tuple[Any, ...], list[str]] = {}
@@ -343,10 +343,10 @@ def _recipes_by_shape(ctx: Context) -> dict[tuple[Any, ...], list[str]]:
 
 def _model_samples_per_second(ctx: Context, recipe: str, bands: int, classes: int, batch: int, seconds: float) -> float:
     """One device's training step (forward, backward, AdamW) at the recipe's batch and precision, in samples/s."""
-    from hslite.build import model_for
-    from hslite.config import load_config
     from hslite.optim import adamw
     from hslite.parallel.cuda_math import set_cuda_math
+    from hslite.recipe.build import model_for
+    from hslite.recipe.config import load_config
 
     cfg = load_config(recipe)
     set_cuda_math(cfg.parallel.tf32, cfg.parallel.cudnn_benchmark)  # as RankSetup sets them for training
@@ -371,9 +371,9 @@ def _model_samples_per_second(ctx: Context, recipe: str, bands: int, classes: in
 
 def _data_rates(ctx: Context, recipe: str) -> dict[str, Any]:
     """Samples/s of every gather and copy of a batch of this recipe, and of the model consuming them."""
-    from hslite.config import load_config
     from hslite.datasets.patches import PatchGatherer
     from hslite.datasets.scenes import get_scene_spec
+    from hslite.recipe.config import load_config
 
     cfg = load_config(recipe)
     spec = get_scene_spec(cfg.data.scene)

@@ -79,8 +79,8 @@ def main() -> int:
 
     from preflight_fidelity import RECIPE_FOR_DEVICES, Bench, Case
 
-    from hslite.build import prepared_datamodule
-    from hslite.gate import check_recipe, training_batches
+    from hslite.recipe.build import prepared_datamodule
+    from hslite.recipe.gate import check_recipe, training_batches
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="hslite-chag-") as tmp:

@@ -23,8 +23,8 @@ SCENES = {
 
 
 def run(recipe: str, overrides: list[str], compression: str, devices: int, epochs: int, root: str) -> dict:
-    from hslite.config import load_config
-    from hslite.fit import fit
+    from hslite.recipe.config import load_config
+    from hslite.run.fit import fit
 
     cfg = load_config(
         recipe,

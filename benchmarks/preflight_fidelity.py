@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from hslite.config import Config
     from hslite.parallel.plan import Plan
+    from hslite.recipe.config import Config
 
 TRAIN_MICRO_BATCHES = 24  # per rank and run: the median of 23 steady batches settles within a few percent
 COMMON_OVERRIDES = [
@@ -186,7 +186,7 @@ class Bench:
         self.log_path = root / "fits.log"
 
     def config(self, recipe: str, overrides: list[str], fresh: bool = False) -> Config:
-        from hslite.config import load_config
+        from hslite.recipe.config import load_config
 
         extra = [f"output.root={self.root}", f"preflight.fresh={str(fresh).lower()}"]
         return load_config(recipe, COMMON_OVERRIDES + overrides + extra)
@@ -202,7 +202,7 @@ class Bench:
 
     def measure(self, recipe: str, overrides: list[str], key: tuple[str, ...]) -> tuple[float, float]:
         """(measured, fit's predicted) step seconds of one short fit; measured is remembered under `key`."""
-        from hslite.fit import fit
+        from hslite.run.fit import fit
 
         cfg = self.config(recipe, overrides)  # never fresh: the fit reads what the pre-flight just measured
         with _quiet(self.log_path):
@@ -212,7 +212,7 @@ class Bench:
 
     def run(self, case: Case) -> list[Row]:
         """The case's row, preceded by a reference row when its best single plan was not measured yet."""
-        from hslite.gate import check_recipe
+        from hslite.recipe.gate import check_recipe
 
         recipe = RECIPE_FOR_DEVICES[case.devices]
         with _quiet(self.log_path):

@@ -25,9 +25,9 @@ ROWS = (("full band", 0, 1), ("rotation 2/4, same steps", 2, 1), ("rotation 2/4,
 def _activation_bytes(cfg, rotation: int) -> int:
     import torch
 
-    from hslite.build import build_task, prepared_datamodule
-    from hslite.gate import training_batches
     from hslite.preflight.activations import SavedTensorCounter
+    from hslite.recipe.build import build_task, prepared_datamodule
+    from hslite.recipe.gate import training_batches
 
     datamodule = prepared_datamodule(cfg)
     task = build_task(cfg, datamodule)
@@ -45,8 +45,8 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     args = parser.parse_args()
 
-    from hslite.config import load_config
-    from hslite.fit import fit
+    from hslite.recipe.config import load_config
+    from hslite.run.fit import fit
 
     lines = []
     results = {}

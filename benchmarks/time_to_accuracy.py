@@ -53,7 +53,7 @@ class Row:
 
 def _one_device_recipes() -> list[str]:
     """Shipped recipes for one device, less `hslite compare`'s set (short timed runs, not recipes to train with)."""
-    from hslite.config import list_recipes, load_config
+    from hslite.recipe.config import list_recipes, load_config
 
     names = [name for name in list_recipes() if not name.startswith("compare_")]
     return [name for name in names if load_config(name).parallel.devices == 1]
@@ -61,8 +61,8 @@ def _one_device_recipes() -> list[str]:
 
 def _scene_to_run(recipe: str, data_root: Path | None) -> tuple[str | None, str]:
     """The scene the recipe runs on here, or None and why not."""
-    from hslite.config import load_config
     from hslite.datasets.scenes import get_scene_spec, is_synthetic, scene_folder
+    from hslite.recipe.config import load_config
 
     name = load_config(recipe).data.scene
     if is_synthetic(name):

@@ -28,19 +28,19 @@ EXIT_USAGE = 2
 
 
 def _cmd_fit(args: argparse.Namespace) -> int:
-    from hslite.config import load_config
-    from hslite.resume import resumed_config
+    from hslite.recipe.config import load_config
+    from hslite.run.resume import resumed_config
 
     resuming = any(item.startswith("resume=") for item in args.overrides)
     cfg = resumed_config(args.overrides) if resuming else load_config(None, args.overrides)
-    from hslite.fit import fit  # imports torch + Lightning: only after the config is known to be valid
+    from hslite.run.fit import fit  # imports torch + Lightning: only after the config is known to be valid
 
     fit(cfg)
     return 0
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
-    from hslite.predict import parse_options, predict  # imports torch: only for this command
+    from hslite.run.predict import parse_options, predict  # imports torch: only for this command
 
     result = predict(parse_options(args.overrides))
     print(f"hslite predict: wrote {result.out_dir}")
@@ -50,11 +50,11 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 def _cmd_preflight(args: argparse.Namespace) -> int:
     import json
 
-    from hslite.config import load_config
+    from hslite.recipe.config import load_config
 
     cfg = load_config(None, args.overrides)
-    from hslite.gate import check_recipe
     from hslite.preflight.report import print_verdict
+    from hslite.recipe.gate import check_recipe
 
     verdict = check_recipe(cfg)
     if args.json:
@@ -65,8 +65,8 @@ def _cmd_preflight(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from hslite.compare import parse_options, run_compare  # torch and Lightning only once every config is valid
-    from hslite.compare_report import print_compare
+    from hslite.compare.measure import parse_options, run_compare  # torch and Lightning only once every config is valid
+    from hslite.compare.report import print_compare
 
     options = parse_options(args.overrides)
     rows, folder = run_compare(options, progress=lambda line: print(line, file=sys.stderr))
@@ -75,7 +75,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_recipes(args: argparse.Namespace) -> int:
-    from hslite.config import list_recipes, valid_keys
+    from hslite.recipe.config import list_recipes, valid_keys
 
     if args.keys:
         print("\n".join(valid_keys()))
@@ -96,8 +96,8 @@ def _cmd_models(args: argparse.Namespace) -> int:
 
 
 def _cmd_data(args: argparse.Namespace) -> int:
-    from hslite.config import parse_overrides
     from hslite.datasets import scenes
+    from hslite.recipe.config import parse_overrides
 
     if args.scene and "=" in args.scene:  # argparse took an override for the scene
         args.overrides, args.scene = [args.scene, *args.overrides], None

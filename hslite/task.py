@@ -11,7 +11,8 @@ on a GPU) costs about as much as the step. tests/test_host_syncs.py counts the w
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import lightning.pytorch as pl
 import numpy as np
@@ -22,9 +23,32 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassCohenKappa
 
 from hslite.optim import adamw
 
-if TYPE_CHECKING:
-    from hslite.parallel.channel_groups import ChannelGroups
-    from hslite.parallel.rotation import RotationSchedule
+
+class GroupedForward(Protocol):
+    """What a channel-group strategy hands the task on each rank (`parallel.channel_groups.ChannelGroups`).
+
+    Declared here, not imported, so the task does not depend on `parallel/`: strategies depend on the task.
+    """
+
+    def __call__(self, model: nn.Module, x: torch.Tensor, active: Sequence[int] | None = None) -> torch.Tensor:
+        """Logits of this rank's samples, its band groups encoded here and the others' exchanged."""
+
+    def own_samples(self, batch: torch.Tensor) -> torch.Tensor:
+        """The slice of a batch whose logits this rank computes."""
+
+    def loss_share(self, loss: nn.CrossEntropyLoss, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The share of the batch's loss this rank computes, scaled so DDP's average is the whole batch's."""
+
+
+class BandRotation(Protocol):
+    """Channel-subset rotation of the training steps (`parallel.rotation.RotationSchedule`)."""
+
+    def active_groups(self, step: int) -> list[int]:
+        """The band groups optimiser step `step` trains."""
+
+    def forward(self, model: nn.Module, x: torch.Tensor, active: Sequence[int]) -> torch.Tensor:
+        """Logits with only the `active` band groups encoded."""
+
 
 IGNORE_INDEX = -1
 
@@ -98,8 +122,8 @@ class HSIClassifier(pl.LightningModule):
         self.lr = lr
         self.weight_decay = weight_decay
         self.warmup_epochs = warmup_epochs
-        self.channel_groups: ChannelGroups | None = None  # set on each rank by a channel-group strategy
-        self.rotation: RotationSchedule | None = None  # channel-subset rotation of the training steps
+        self.channel_groups: GroupedForward | None = None  # set on each rank by a channel-group strategy
+        self.rotation: BandRotation | None = None  # channel-subset rotation of the training steps
         self.save_hyperparameters(ignore=["model", "class_weights"])
         self.configure_losses(class_weights)
         self.configure_metrics()
@@ -130,15 +154,14 @@ class HSIClassifier(pl.LightningModule):
         Lightning calls this on each rank after the process group exists and before the optimiser is made, so AdamW
         holds only this rank's shards.
         """
-        from hslite.parallel.fsdp import ShardedStrategy
-
-        if self._trainer is not None and isinstance(self.trainer.strategy, ShardedStrategy):
-            self.trainer.strategy.shard(self.model)
+        shard = getattr(self.trainer.strategy, "shard", None) if self._trainer is not None else None
+        if shard is not None:  # parallel.fsdp.ShardedStrategy; looked up by name: the task does not import parallel/
+            shard(self.model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits for a batch of patches (n, B, p, p); under channel groups for this rank's samples (own_targets)."""
         if self.channel_groups is not None:
-            return self.channel_groups(self.model, x)  # type: ignore[arg-type]
+            return self.channel_groups(self.model, x)
         return self.model(x)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
@@ -179,7 +202,7 @@ class HSIClassifier(pl.LightningModule):
             return self(x)
         active = self.rotation.active_groups(self.global_step)
         if self.channel_groups is not None:
-            return self.channel_groups(self.model, x, active)  # type: ignore[arg-type]
+            return self.channel_groups(self.model, x, active)
         return self.rotation.forward(self.model, x, active)
 
     def on_train_epoch_end(self) -> None:

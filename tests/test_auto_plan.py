@@ -7,13 +7,13 @@ import json
 import pytest
 import yaml
 
-from hslite.auto_plan import choose_plan, explain, fewest_devices_near_best
-from hslite.build import config_for_plan, plan_from_config
-from hslite.config import load_config
 from hslite.errors import ConfigError
 from hslite.parallel.plan import Plan, startable_devices
 from hslite.preflight.costmodel import Prediction
 from hslite.preflight.verdict import decide
+from hslite.recipe.auto_plan import choose_plan, explain, fewest_devices_near_best
+from hslite.recipe.build import config_for_plan, plan_from_config
+from hslite.recipe.config import load_config
 
 QUICK = [
     "data.scene=synthetic_tiny",
@@ -60,8 +60,8 @@ def test_the_config_of_a_plan_loads_back_as_that_plan_and_says_manual():
 
 
 def test_auto_trains_the_fastest_passing_plan_the_model_can_run_and_records_why(tmp_path, monkeypatch, capsys):
-    from hslite import auto_plan
-    from hslite.fit import fit
+    from hslite.recipe import auto_plan
+    from hslite.run.fit import fit
 
     fake, asked = priced(
         {REQUESTED: 0.010, FASTER: 0.008, SPLITS_BANDS: 0.001, Plan(batch_size=16, accumulate=4): 0.0092}
@@ -88,7 +88,7 @@ def test_auto_trains_the_fastest_passing_plan_the_model_can_run_and_records_why(
 
 
 def test_auto_skips_plans_that_do_not_fit_and_keeps_the_recipes_plan_when_it_is_best(monkeypatch):
-    from hslite import auto_plan
+    from hslite.recipe import auto_plan
 
     fake, _ = priced({REQUESTED: 0.010, FASTER: 0.008}, too_big=(FASTER,))
     monkeypatch.setattr(auto_plan, "preflight_check", fake)

@@ -22,8 +22,8 @@ from hslite.parallel.plan import Plan, process_group_backend, trainer_kwargs
 from hslite.parallel.rotation import RotationSchedule
 from hslite.parallel.timing import TrainThroughput
 from hslite.parallel.usage import RankUsage
+from hslite.run.training_state import TrainingState
 from hslite.task import HSIClassifier
-from hslite.training_state import TrainingState
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
 

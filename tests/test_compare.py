@@ -8,16 +8,16 @@ import json
 import pytest
 from test_auto_plan import prediction
 
-from hslite.build import build_model, plan_from_config, prepared_datamodule
 from hslite.cli import main
-from hslite.compare import CompareRow, _relate, parse_options
-from hslite.compare_report import median_abs_error
-from hslite.config import list_recipes, load_config
+from hslite.compare.measure import CompareRow, _relate, parse_options
+from hslite.compare.report import median_abs_error
 from hslite.errors import ConfigError
 from hslite.parallel.plan import Plan
 from hslite.parallel.usage import malloc_in_use_bytes
 from hslite.parallel.wire_format import wire_bytes
 from hslite.preflight.verdict import decide
+from hslite.recipe.build import build_model, plan_from_config, prepared_datamodule
+from hslite.recipe.config import list_recipes, load_config
 
 QUICK = ["data.scene=synthetic_tiny", "data.eval_batch_size=128", "preflight.probe_steps=2"]
 
@@ -47,7 +47,7 @@ def test_options_split_compare_keys_from_the_overrides_every_recipe_gets():
 
 
 def test_predicted_comparison_writes_csv_json_png_and_keeps_a_failing_recipe_as_a_row(tmp_path, monkeypatch, capsys):
-    from hslite import gate
+    from hslite.recipe import gate
 
     monkeypatch.setattr(gate, "check_recipe", fake_check_recipe)
     broken = tmp_path / "broken.yaml"  # valid keys, a layout the plan refuses: 3 ranks cannot form chag groups of 2

@@ -9,8 +9,8 @@ from dataclasses import fields, is_dataclass
 import pytest
 
 from hslite.cli import main
-from hslite.config import Config, list_recipes, load_config, valid_keys
 from hslite.errors import ConfigError
+from hslite.recipe.config import Config, list_recipes, load_config, valid_keys
 
 EXPECTED_RECIPES = {
     "quickstart",
@@ -163,10 +163,10 @@ def test_out_of_range_value_names_field_value_and_range(key, value, words):
 
 @pytest.fixture
 def fit_must_not_run(monkeypatch):
-    """A stand-in for hslite.fit (which imports torch): a range error must stop the CLI before it is reached."""
-    stub = types.ModuleType("hslite.fit")
-    stub.__getattr__ = lambda name: pytest.fail(f"the CLI reached hslite.fit.{name} with a bad config")
-    monkeypatch.setitem(sys.modules, "hslite.fit", stub)
+    """A stand-in for hslite.run.fit (which imports torch): a range error must stop the CLI before it is reached."""
+    stub = types.ModuleType("hslite.run.fit")
+    stub.__getattr__ = lambda name: pytest.fail(f"the CLI reached hslite.run.fit.{name} with a bad config")
+    monkeypatch.setitem(sys.modules, "hslite.run.fit", stub)
 
 
 @pytest.mark.parametrize(("key", "value", "words"), OUT_OF_RANGE)

@@ -124,8 +124,8 @@ def test_pinning_is_for_cuda_and_the_gather_device_for_one_process(monkeypatch):
 
 
 def test_a_gpu_recipe_pins_its_batches_or_gathers_on_the_device_as_it_asks(monkeypatch):
-    from hslite.build import build_datamodule
-    from hslite.config import load_config
+    from hslite.recipe.build import build_datamodule
+    from hslite.recipe.config import load_config
 
     gpu = ["parallel.accelerator=gpu"]
     assert not build_datamodule(load_config("quickstart", gpu)).pin_memory  # no CUDA here: only priced, not run

@@ -9,12 +9,12 @@ import torch
 from torch import nn
 
 from hslite.cli import main
-from hslite.config import load_config
 from hslite.errors import ConfigError
 from hslite.preflight.device_profile import DEFAULT_EFFICIENCY, DeviceProfile, list_devices, load_device
 from hslite.preflight.measurements import Footprint, ProbeResult, StepCounts
 from hslite.preflight.roofline import profile_probe, roofline_seconds
 from hslite.preflight.step_counts import count_step
+from hslite.recipe.config import load_config
 
 pytestmark = pytest.mark.timeout(300)
 IP8_HERE = ["recipe=indian_pines_8gpu", "data.scene=synthetic_indian_pines"]  # same shapes as Indian Pines, offline
@@ -31,7 +31,7 @@ def private_cache(tmp_path, monkeypatch):
 @pytest.fixture
 def no_gpu_here(monkeypatch):
     """This box has no GPU, whatever box runs the test, and nothing times this CPU's compute for a GPU plan."""
-    from hslite import gate
+    from hslite.recipe import gate
 
     def refuse(*args, **kwargs):
         raise AssertionError("the probe timed this CPU for a GPU plan")
@@ -122,7 +122,7 @@ def test_a_profile_probe_prices_each_phase_from_the_model_sizes():
 
 
 def test_efficiency_can_be_set_from_the_config():
-    from hslite.gate import _device_profile
+    from hslite.recipe.gate import _device_profile
 
     cfg = load_config(None, ["preflight.device=h200", "preflight.device_efficiency=0.6"])
     assert _device_profile(cfg).efficiency == 0.6
@@ -170,7 +170,7 @@ def _measured_probe(plan) -> ProbeResult:
 
 
 def test_gpus_that_are_here_are_measured_and_the_profile_is_not_used(capsys, monkeypatch):
-    from hslite import gate
+    from hslite.recipe import gate
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H100 80GB HBM3")

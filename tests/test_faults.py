@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hslite.checkpoints import load_weights
+from hslite.run.checkpoints import load_weights
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 

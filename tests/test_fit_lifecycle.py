@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hslite.checkpoints import BestCheckpoint, atomic_torch_save, load_weights
 from hslite.cli import main
+from hslite.run.checkpoints import BestCheckpoint, atomic_torch_save, load_weights
 
 QUICK = ["data.scene=synthetic_tiny", "train.progress=false", "output.save_map=false", "preflight.probe_steps=2"]
 
@@ -44,7 +44,7 @@ def test_readme_main_job_runs_from_an_empty_folder_with_no_arguments(tmp_path):
 
 
 def test_a_failure_after_training_keeps_the_evidence(tmp_path, monkeypatch, capsys):
-    from hslite import fit as fit_module
+    from hslite.run import fit as fit_module
 
     def broken_plot(*args, **kwargs):
         raise RuntimeError("the plotting backend fell over")
@@ -137,7 +137,7 @@ def test_the_best_checkpoint_is_the_last_epoch_of_those_with_the_best_accuracy(t
 
 def test_a_run_folder_is_renamed_when_done_and_keeps_a_users_error_without_a_traceback(tmp_path):
     from hslite.errors import DataError
-    from hslite.run_folder import RunFolder
+    from hslite.run.folder import RunFolder
 
     with RunFolder(tmp_path) as done:
         assert done.path.name.endswith(".incomplete") and done.path.is_dir()
@@ -149,7 +149,7 @@ def test_a_run_folder_is_renamed_when_done_and_keeps_a_users_error_without_a_tra
 
 
 def test_a_signal_is_an_interruption_even_when_it_surfaces_as_another_error(tmp_path):
-    from hslite.run_folder import RunFolder, RunInterrupted
+    from hslite.run.folder import RunFolder, RunInterrupted
 
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(RunInterrupted) as caught, RunFolder(tmp_path) as run:

@@ -11,10 +11,10 @@ import pytest
 import torch
 from test_ddp import SAMPLES, FixedData, fixed_dataset, train
 
-from hslite.checkpoints import AtomicCheckpointIO, load_weights
-from hslite.models import get_model
+from hslite.models import get_model, list_models
 from hslite.parallel.fsdp_policy import gathered_param_bytes, units
 from hslite.parallel.plan import Plan, trainer_kwargs
+from hslite.run.checkpoints import AtomicCheckpointIO, load_weights
 from hslite.task import HSIClassifier
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
@@ -114,5 +114,12 @@ def test_units_follow_each_architectures_policy_and_bound_the_gathered_bytes():
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     largest = max(sum(p.numel() * p.element_size() for p in u.parameters()) for u in wrapped)
     assert largest < gathered_param_bytes(model) <= total
-    with pytest.raises(TypeError, match="no FSDP wrapping policy for Linear"):
+    with pytest.raises(TypeError, match="Linear declares no FSDP units"):
         units(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("name", list_models())
+def test_every_registered_model_declares_units_that_carry_most_of_its_parameters(name):
+    model = get_model(name, in_bands=30, num_classes=16, patch_size=9)
+    in_units = sum(p.numel() for u in units(model) for p in u.parameters())
+    assert in_units > 0.5 * sum(p.numel() for p in model.parameters())

@@ -20,7 +20,7 @@ from hslite.datasets.io import cube_from_array, read_mat
 from hslite.datasets.patches import PatchGatherer
 from hslite.datasets.preprocess import BandNormalizer, pad_reflect
 from hslite.datasets.scenes import load_scene
-from hslite.predict import PredictOptions, _map_blocks
+from hslite.run.predict import PredictOptions, _map_blocks
 
 CODES = np.array([0, 10, 20, 30, 40], dtype=np.uint8)  # synthetic_tiny's classes 1..4 written as the user's codes
 FIT = ["model.name=cnn1d", "data.patch_size=1", "train.progress=false", "output.root=runs"]

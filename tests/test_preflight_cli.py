@@ -5,10 +5,10 @@ import json
 import pytest
 
 from hslite.cli import main
-from hslite.config import load_config
 from hslite.parallel.plan import Plan
 from hslite.preflight.measurements import LinkModel, ProbeResult
 from hslite.preflight.verdict import decide
+from hslite.recipe.config import load_config
 
 pytestmark = pytest.mark.timeout(300)
 # The 8-GPU recipe on a scene that is here: same shape and classes as Indian Pines, generated from the seed.
@@ -50,7 +50,7 @@ def test_gpus_not_here_without_a_profile_cannot_be_decided(capsys, monkeypatch):
 def test_gpus_not_here_are_priced_from_the_profile_without_compute(capsys, monkeypatch):
     import torch
 
-    from hslite import gate
+    from hslite.recipe import gate
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(gate, "probe_for_plans", _must_not_run("the probe times this CPU"))
@@ -108,7 +108,7 @@ def test_a_plan_that_training_cannot_run_is_refused_up_front(command, overrides,
 
 
 def test_bad_data_fails_before_any_probe(tmp_path, capsys, monkeypatch):
-    from hslite import gate
+    from hslite.recipe import gate
 
     monkeypatch.setattr(gate, "probe_for_plans", _must_not_run("the data is missing"))
     missing = tmp_path / "nowhere"
@@ -120,7 +120,7 @@ def test_bad_data_fails_before_any_probe(tmp_path, capsys, monkeypatch):
 
 
 def test_single_device_fit_probes_only_its_own_precision(tmp_path, monkeypatch):
-    from hslite import gate
+    from hslite.recipe import gate
 
     real = gate.probe_for_plans
     precisions: list[str] = []
@@ -146,7 +146,7 @@ def _probe(threads: int, step_seconds: float) -> ProbeResult:
 
 
 def test_fit_refuses_no_go_with_exit_3_and_writes_nothing(tmp_path, capsys, monkeypatch):
-    from hslite import gate
+    from hslite.recipe import gate
 
     # A slow link makes the 4-process plan clearly unprofitable whatever this machine's load.
     slow = LinkModel(alpha_seconds=0.01, bandwidth_bytes_per_second=1e6, source="test: a slow link")
@@ -163,7 +163,7 @@ def test_fit_refuses_no_go_with_exit_3_and_writes_nothing(tmp_path, capsys, monk
 
 @pytest.mark.slow
 def test_fit_saves_preflight_report_with_measured_step_time(tmp_path):
-    from hslite.fit import fit
+    from hslite.run.fit import fit
 
     cfg = load_config("quickstart", [f"output.root={tmp_path}", "train.max_epochs=2", "train.progress=false",
                                      "output.save_map=false", "preflight.probe_steps=3"])  # fmt: skip
@@ -179,15 +179,15 @@ def test_fit_saves_preflight_report_with_measured_step_time(tmp_path):
 @pytest.mark.parametrize("plan", [Plan(devices=1, batch_size=256), Plan(devices=4, batch_size=16, accumulate=2,
                                   precision="bf16-mixed", compression="int8")])  # fmt: skip
 def test_the_better_plans_overrides_ask_fit_for_exactly_that_plan(plan):
-    from hslite.build import plan_from_config
+    from hslite.recipe.build import plan_from_config
 
     cfg = load_config("quickstart", ["parallel.accelerator=cpu", *plan.overrides().split()])
     assert plan_from_config(cfg) == plan
 
 
 def test_no_measured_pair_when_the_guard_changed_the_plan_mid_run():
-    from hslite.fit import _predicted_vs_measured
     from hslite.preflight.costmodel import predict
+    from hslite.run.fit import _predicted_vs_measured
 
     plan = Plan(devices=2, compression="int8")
     single = Plan()
@@ -206,8 +206,8 @@ def test_no_measured_pair_when_the_guard_changed_the_plan_mid_run():
 def test_the_preflight_leaves_the_training_random_state_as_it_found_it():
     import torch
 
-    from hslite.build import plan_from_config, prepared_datamodule
-    from hslite.gate import preflight_check
+    from hslite.recipe.build import plan_from_config, prepared_datamodule
+    from hslite.recipe.gate import preflight_check
 
     # A fresh probe seeds torch's generator itself and draws augmented batches from the training set.
     cfg = load_config("quickstart", ["preflight.fresh=true", "data.augment=true"])

@@ -15,13 +15,13 @@ import pytest
 import torch
 from torch import nn
 
-from hslite import gate
 from hslite.parallel.cuda_math import current_cuda_math, restore_cuda_math, set_cuda_math
 from hslite.parallel.plan import Plan
 from hslite.preflight import probe as probe_module
 from hslite.preflight import timers
 from hslite.preflight.measurements import LinkModel, ProbeResult
 from hslite.preflight.run import run_preflight
+from hslite.recipe import gate
 
 GIB = 2**30
 CUDA0 = torch.device("cuda:0")

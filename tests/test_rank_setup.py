@@ -7,9 +7,9 @@ import os
 
 import torch
 
-from hslite.build import plan_from_config
-from hslite.config import load_config
 from hslite.parallel.rank_setup import CUBLAS_WORKSPACE, set_deterministic
+from hslite.recipe.build import plan_from_config
+from hslite.recipe.config import load_config
 
 
 def test_deterministic_ranks_fix_cublas_workspace_before_any_cublas_call(monkeypatch):

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from fixtures_data import write_geotiff_cube, write_real_format_cube
 
-from hslite.config import list_recipes, load_config
 from hslite.datasets.scenes import get_scene_spec, is_synthetic
+from hslite.recipe.config import list_recipes, load_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -73,7 +73,7 @@ def _lay_out_scene(scene: str, root: Path, shared_data: Path | None, monkeypatch
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe", sorted(list_recipes()))
 def test_recipe_smoke_run(recipe, tmp_path, request, monkeypatch):
-    from hslite.fit import fit
+    from hslite.run.fit import fit
 
     cfg = load_config(recipe)
     overrides = [*QUICK, f"output.root={tmp_path / 'runs'}"]
@@ -122,7 +122,7 @@ def test_wheel_holds_every_module_and_finds_recipes_by_name(tmp_path):
     target = tmp_path / "installed"
     subprocess.run([*pip, "install", "--no-deps", "--target", target, wheel], check=True, capture_output=True)
     probe = (
-        "import hslite.recipes, hslite.config as c; print(hslite.recipes.__file__); print(*c.list_recipes()); "
+        "import hslite.recipes, hslite.recipe.config as c; print(hslite.recipes.__file__); print(*c.list_recipes()); "
         "print(c.load_config('salinas_a_1gpu').recipe)"
     )
     env = {**os.environ, "PYTHONPATH": str(target)}

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from hslite.checkpoints import load_weights
 from hslite.cli import main
-from hslite.training_state import TrainingState
+from hslite.run.checkpoints import load_weights
+from hslite.run.training_state import TrainingState
 
 # Small batches, flips and a 3x3 patch: every epoch draws a shuffle and flips that a resume must reproduce.
 QUICK = ["recipe=quickstart", "data.scene=synthetic_tiny", "train.progress=false", "output.save_map=false",
@@ -121,7 +121,7 @@ def test_resume_last_with_nothing_to_resume_says_so(tmp_path, capsys):
 
 def test_a_run_folder_in_use_cannot_be_resumed(tmp_path):
     from hslite.errors import HSLiteError
-    from hslite.run_folder import RunFolder
+    from hslite.run.folder import RunFolder
 
     with RunFolder(tmp_path / "r") as live, pytest.raises(HSLiteError, match="in use by another hslite process"):
         RunFolder(tmp_path, resume=live.path).__enter__()
@@ -140,7 +140,7 @@ def test_a_full_disk_before_training_is_one_sentence_and_writes_nothing(tmp_path
 
 
 def test_a_disk_that_fills_during_the_run_is_one_sentence(tmp_path, monkeypatch, capsys):
-    from hslite import checkpoints
+    from hslite.run import checkpoints
 
     def full(payload, path):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))

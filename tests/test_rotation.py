@@ -99,8 +99,8 @@ def test_models_without_groups_see_inactive_bands_zeroed_and_the_rest_rescaled()
 
 
 def test_a_recipe_sets_g_for_band_group_models_and_for_the_masks_of_the_others():
-    from hslite.build import band_groups_for, build_model, prepared_datamodule
-    from hslite.config import load_config
+    from hslite.recipe.build import band_groups_for, build_model, prepared_datamodule
+    from hslite.recipe.config import load_config
 
     vit = load_config("quickstart", ["model.name=channel_vit", "model.band_groups=8", "data.patch_size=3"])
     datamodule = prepared_datamodule(vit)

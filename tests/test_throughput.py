@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import torch
 
-import hslite.fit as fit_module
+import hslite.run.fit as fit_module
 from hslite.parallel.timing import TrainThroughput
 
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import torch
 
-from hslite.training_state import TrainingState
+from hslite.run.training_state import TrainingState
 
 
 def _trainer(device: str) -> SimpleNamespace:

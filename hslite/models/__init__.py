@@ -16,7 +16,12 @@ from hslite.models.spectralformer import SpectralFormer
 
 
 class _ModelClass(Protocol):
-    """What the registry needs of a model class: its description and its size presets."""
+    """What the registry needs of a model class: its description and its size presets.
+
+    Two optional class attributes switch features on, declared by the model itself: `BAND_GROUPS = True` (it
+    encodes band groups separately, so channel groups and rotation can split it) and `FSDP_UNITS` (the submodules
+    FSDP gathers one at a time; `parallel.fsdp_policy`).
+    """
 
     SUMMARY: str  # what the model is, a few words
     PAPER: str  # first author, year and title of the paper it follows

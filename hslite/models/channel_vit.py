@@ -50,6 +50,8 @@ class ChannelViT(nn.Module):
 
     BAND_GROUPS = True  # encode_group / aggregate / head: what channel groups and rotation split at
     SUMMARY = "channel ViT: per-band tokens, within- then across-group cross-attention, ViT over space"
+    # FSDP units; partial_aggregation runs once per band group: as a unit it would be gathered G times a step
+    FSDP_UNITS = ("final_aggregation", "encoder")
     PAPER = "Tsaris et al. 2025, Distributed Cross-Channel Hierarchical Aggregation for Foundation Models (D-CHAG)"
     SIZES = {
         "small": {"dim": 64, "depth": 2, "heads": 4, "mlp_ratio": 4, "num_groups": 4, "subpatch": 0, "dropout": 0.0},

@@ -18,6 +18,7 @@ class CNN1D(nn.Module):
     """
 
     SUMMARY = "1-D CNN over the centre pixel's spectrum"
+    FSDP_UNITS = ("fc_hidden",)  # FSDP units (parallel.fsdp_policy): 97 % of the parameters
     PAPER = "Hu et al. 2015, Deep Convolutional Neural Networks for Hyperspectral Image Classification"
     SIZES = {
         "small": {"filters": 20, "hidden": 100, "kernel_size": 0, "pool_size": 0},

@@ -18,6 +18,7 @@ class CNN3D(nn.Module):
     """
 
     SUMMARY = "3-D CNN with spectral strides over the patch"
+    FSDP_UNITS = ("conv2", "fc")  # FSDP units: the widest convolution and the classifier (92 %)
     PAPER = "Ben Hamida et al. 2018, 3-D Deep Learning Approach for Remote Sensing Image Classification"
     SIZES = {
         "small": {"conv1_channels": 20, "conv2_channels": 35, "dilation": 1},

@@ -17,6 +17,7 @@ class HybridSN(nn.Module):
     """
 
     SUMMARY = "3-D then 2-D CNN over the patch (paper input: 25×25 patches of 30 PCA bands)"
+    FSDP_UNITS = ("conv3d", "conv2d", "fc")  # FSDP units: fc[0] alone is 90 % of HybridSN
     PAPER = "Roy et al. 2020, HybridSN: Exploring 3-D-2-D CNN Feature Hierarchy for HSI Classification"
     SIZES = {
         "small": {

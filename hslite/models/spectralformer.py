@@ -20,6 +20,7 @@ class SpectralFormer(nn.Module):
     """
 
     SUMMARY = "transformer over groups of neighbouring bands with cross-layer fusion"
+    FSDP_UNITS = ("layers", "skipcat")  # FSDP units; a ModuleList gives one unit per item
     PAPER = "Hong et al. 2022, SpectralFormer: Rethinking HSI Classification With Transformers"
     SIZES = {
         "small": {"dim": 64, "depth": 5, "heads": 4, "mlp_dim": 8, "near_bands": 3, "dropout": 0.1},

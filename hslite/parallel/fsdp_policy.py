@@ -1,8 +1,11 @@
-"""The FSDP wrapping policy per architecture, and `fully_shard` applied by it (torch only; no Lightning here).
+"""FSDP units as a model declares them, and `fully_shard` applied by them (torch only; no Lightning here).
 
-Each named submodule becomes one FSDP unit and the root holds the rest. A unit's parameters are all-gathered just
-before it runs and freed after, so the largest units bound the transient memory the pre-flight adds to a rank's 1/N
-shard (`gathered_param_bytes`), which the probe counts without starting any process group.
+A model class names its units in `FSDP_UNITS` (submodule names; a ModuleList stands for each of its items), chosen so
+each unit carries a real share of the parameters (its all-gather is not all latency) and tiny layers stay with the
+root, which holds the rest; a model that declares none cannot be sharded (there is no table of model classes here).
+A unit's parameters are all-gathered just before it runs and freed after, so the largest units bound the transient
+memory the pre-flight adds to a rank's 1/N shard (`gathered_param_bytes`), which the probe counts without starting
+any process group.
 """
 
 from __future__ import annotations
@@ -12,34 +15,20 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from hslite.models.channel_vit import ChannelViT
-from hslite.models.cnn1d import CNN1D
-from hslite.models.cnn3d import CNN3D
-from hslite.models.hybridsn import HybridSN
-from hslite.models.spectralformer import SpectralFormer
-
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-# Submodules that become FSDP units, per architecture; a ModuleList stands for each of its items. Chosen so each unit
-# carries a real share of the parameters (its all-gather is not all latency) and tiny layers stay with the root.
-UNITS: dict[type[nn.Module], tuple[str, ...]] = {
-    CNN1D: ("fc_hidden",),  # 97 % of the parameters
-    CNN3D: ("conv2", "fc"),  # the widest convolution and the classifier (92 %)
-    HybridSN: ("conv3d", "conv2d", "fc"),  # fc[0] alone is 90 % of HybridSN
-    SpectralFormer: ("layers", "skipcat"),
-    # partial_aggregation runs once per band group: as a unit it would be gathered G times forward and backward
-    ChannelViT: ("final_aggregation", "encoder"),
-}
 PREFETCHED_UNITS = 2  # FSDP2 gathers the next unit while one runs: two units are whole at once
 
 
 def units(model: nn.Module) -> list[nn.Module]:
-    """The modules `shard_model` wraps one by one, in order, for a registered architecture."""
-    names = UNITS.get(type(model))
-    if names is None:
-        known = ", ".join(cls.__name__ for cls in UNITS)
-        raise TypeError(f"no FSDP wrapping policy for {type(model).__name__}; policies exist for {known}")
+    """The modules `shard_model` wraps one by one, in order: those `model` declares in its class's FSDP_UNITS."""
+    names = getattr(type(model), "FSDP_UNITS", None)
+    if not names:
+        raise TypeError(
+            f"{type(model).__name__} declares no FSDP units, so FSDP cannot shard it; give the class "
+            "FSDP_UNITS = (names of the submodules that should each be gathered on their own, e.g. its blocks)"
+        )
     out: list[nn.Module] = []
     for name in names:
         child = getattr(model, name)

@@ -9,7 +9,7 @@ measured, not assumed: `Trainer.fit` of `HSIClassifier` around a linear layer, w
 one latency-bound all-reduce are inside the figure; both are small against what they stand for.
 
 It lives beside the code that builds trainers, not in `preflight/`: the pre-flight never builds a Trainer, it is
-handed `measure_step_overhead` as a callable (`hslite.gate`).
+handed `measure_step_overhead` as a callable (`hslite.recipe.gate`).
 """
 
 from __future__ import annotations

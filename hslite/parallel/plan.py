@@ -2,7 +2,7 @@
 
 A Plan is the single description of a layout that the pre-flight check prices and that `trainer_kwargs` turns into
 Lightning Trainer arguments; nothing else in hslite decides devices, precision or strategy. Plans are built from
-plain arguments (`hslite.build.plan_from_config` reads a recipe into one), so this package never sees a Config.
+plain arguments (`hslite.recipe.build.plan_from_config` reads a recipe into one), so this package never sees a Config.
 """
 
 from __future__ import annotations

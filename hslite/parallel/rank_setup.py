@@ -29,7 +29,7 @@ def quiet_lightning() -> None:
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"lightning\.pytorch\.utilities\._pytree")
     warnings.filterwarnings("ignore", message=r"It is recommended to use `self\.log\('(perf|usage|train|val|test)/")
-    # A run's checkpoint folder is new, or a resumed run's own (resume.py): its files are meant to be there.
+    # A run's checkpoint folder is new, or a resumed run's own (run/resume.py): its files are meant to be there.
     warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
 
 

@@ -6,7 +6,7 @@
 
 Plans whose devices are not here go to `price_from_profile` when a GPU profile says what they are (compute from
 its roofline), and to `price_absent_devices` otherwise: links and memory, no compute.
-Everything arrives as a Plan and plain callables; the Config is read by `hslite.gate`.
+Everything arrives as a Plan and plain callables; the Config is read by `hslite.recipe.gate`.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 from hslite.datasets.preprocess import NORMALISATIONS
 from hslite.datasets.splits import SPLIT_KINDS
 from hslite.errors import ConfigError
-from hslite.ranges import (
+from hslite.recipe.ranges import (
     AT_LEAST_0,
     AT_LEAST_1,
     BATCH_LIMIT,
@@ -115,7 +115,7 @@ class ParallelConfig:
     cudnn_benchmark: bool = True  # CUDA only: cuDNN times kernels per input shape (off under train.deterministic)
     # "manual" trains the layout above; "auto" trains the fastest plan the pre-flight predicts at this global batch on
     # the devices present (the layout above is only where the search starts), because which trick pays depends on
-    # the model and the box, and the pre-flight has measured both (hslite/auto_plan.py; plan_choice.json says why)
+    # the model and the box, and the pre-flight has measured both (recipe/auto_plan.py; plan_choice.json says why)
     plan: str = "manual"
 
 
@@ -159,7 +159,7 @@ class Config:
     preflight: PreflightConfig = field(default_factory=PreflightConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     # "last" (the newest unfinished run of this recipe under output.root) or a run folder: continue that run from its
-    # last.ckpt, in its own folder, with the config it was started with (hslite/resume.py)
+    # last.ckpt, in its own folder, with the config it was started with (hslite/run/resume.py)
     resume: str | None = None
 
 

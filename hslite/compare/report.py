@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 
 from hslite.preflight.verdict import gib
-from hslite.report import write_json
+from hslite.run.outputs import write_json
 
 if TYPE_CHECKING:
-    from hslite.compare import CompareOptions, CompareRow
+    from hslite.compare.measure import CompareOptions, CompareRow
 
 BYTES_NOTE = (
     "comm_bytes_per_step: bytes one rank sends per optimiser step; 'counted' from the tensors hslite hands to "

@@ -1,7 +1,7 @@
 """Run one recipe end to end as a library call: plan -> data -> model -> pre-flight gate -> Trainer -> run folder.
 
-    from hslite.config import load_config
-    from hslite.fit import fit
+    from hslite.recipe.config import load_config
+    from hslite.run.fit import fit
     result = fit(load_config("salinas_a_1gpu", ["data.root=../shared/data"]))
     print(result.run_dir, result.metrics["OA"])
 
@@ -22,9 +22,6 @@ from torch.utils.data import DataLoader
 
 from hslite.allocator import keep_freed_memory
 from hslite.atomic import atomic_write
-from hslite.build import build_task, plan_from_config, prepared_datamodule
-from hslite.checkpoints import AtomicCheckpointIO, BestCheckpoint, LastCheckpoint, load_weights, read_checkpoint
-from hslite.config import Config, to_yaml
 from hslite.datasets.datamodule import HSIDataModule
 from hslite.datasets.fitted import FittedPreprocessing
 from hslite.datasets.geotiff_out import write_geotiff
@@ -38,11 +35,14 @@ from hslite.parallel.rank_watch import RankActivity, rank_failure
 from hslite.parallel.timing import TrainThroughput
 from hslite.parallel.usage import RankUsage, usage_metrics
 from hslite.preflight.verdict import Verdict
-from hslite.report import plot_confusion, plot_map, print_summary, write_json
-from hslite.resume import LAST, check_checkpoint_config, flat_config
-from hslite.run_folder import RunFolder, check_writable
+from hslite.recipe.build import build_task, plan_from_config, prepared_datamodule
+from hslite.recipe.config import Config, to_yaml
+from hslite.run.checkpoints import AtomicCheckpointIO, BestCheckpoint, LastCheckpoint, load_weights, read_checkpoint
+from hslite.run.folder import RunFolder, check_writable
+from hslite.run.outputs import plot_confusion, plot_map, print_summary, write_json
+from hslite.run.resume import LAST, check_checkpoint_config, flat_config
+from hslite.run.training_state import TrainingState
 from hslite.task import HSIClassifier
-from hslite.training_state import TrainingState
 
 
 @dataclass
@@ -58,8 +58,8 @@ def _gate(cfg: Config, plan: Plan, datamodule: HSIDataModule) -> Verdict | None:
     """Run the pre-flight check; refuse a NO-GO plan (exit 3) unless preflight.enforce=false."""
     if not cfg.preflight.enabled:
         return None
-    from hslite.gate import PreflightRefused, preflight_check
     from hslite.preflight.report import print_verdict
+    from hslite.recipe.gate import PreflightRefused, preflight_check
 
     verdict = preflight_check(cfg, plan, datamodule, single_device_only=plan.world_size == 1)
     if not verdict.go:
@@ -102,7 +102,7 @@ def fit(cfg: Config) -> RunResult:
     """
     choice = None
     if cfg.parallel.plan == "auto":
-        from hslite.auto_plan import choose_plan
+        from hslite.recipe.auto_plan import choose_plan
 
         choice = choose_plan(cfg)
         print(choice.paragraph)

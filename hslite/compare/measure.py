@@ -25,11 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hslite.compare_report import write_reports
-from hslite.config import Config, list_recipes, load_config, parse_overrides
+from hslite.compare.report import write_reports
 from hslite.errors import ConfigError, HSLiteError
 from hslite.parallel.plan import Plan
-from hslite.run_folder import RunFolder
+from hslite.recipe.config import Config, list_recipes, load_config, parse_overrides
+from hslite.run.folder import RunFolder
 
 OPTION_KEYS = ("recipes", "measure", "steps", "auto")
 DEFAULT_STEPS = 30  # timed optimiser steps per measured run: a median of 30 settles within a few percent here
@@ -181,8 +181,8 @@ def _label(cfg: Config) -> str:
 
 
 def _predicted(cfg: Config) -> CompareRow:
-    from hslite.auto_plan import choose_plan
-    from hslite.gate import check_recipe
+    from hslite.recipe.auto_plan import choose_plan
+    from hslite.recipe.gate import check_recipe
 
     row = CompareRow(_label(cfg), auto=cfg.parallel.plan == "auto")
     try:

@@ -18,7 +18,11 @@ from typing import Any
 
 from torch import nn
 
-from hslite.build import (
+from hslite.errors import ConfigError
+from hslite.parallel.plan import Plan, check_visible, startable_devices
+from hslite.parallel.rank_setup import quiet_lightning
+from hslite.preflight.verdict import CLEARLY_FASTER, Verdict, decide, gib
+from hslite.recipe.build import (
     band_groups_for,
     build_task,
     check_model_for_plan,
@@ -26,12 +30,8 @@ from hslite.build import (
     plan_from_config,
     prepared_datamodule,
 )
-from hslite.config import Config
-from hslite.errors import ConfigError
-from hslite.gate import PreflightRefused, preflight_check
-from hslite.parallel.plan import Plan, check_visible, startable_devices
-from hslite.parallel.rank_setup import quiet_lightning
-from hslite.preflight.verdict import CLEARLY_FASTER, Verdict, decide, gib
+from hslite.recipe.config import Config
+from hslite.recipe.gate import PreflightRefused, preflight_check
 
 
 @dataclass

@@ -100,7 +100,7 @@ class RunFolder:
         (run.path / "metrics.json").write_text(...)
     print(run.path)  # runs/quickstart/<stamp>, or <stamp>.failed after an exception
 
-    `resume=FOLDER` reopens a stopped run's folder instead (`hslite.resume`).
+    `resume=FOLDER` reopens a stopped run's folder instead (`hslite.run.resume`).
     """
 
     def __init__(self, parent: Path, resume: Path | None = None) -> None:

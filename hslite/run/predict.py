@@ -2,7 +2,7 @@
 
 As a library call:
 
-    from hslite.predict import PredictOptions, predict
+    from hslite.run.predict import PredictOptions, predict
     result = predict(PredictOptions(run="runs/quickstart/20250101-120000-000000", probabilities=True))
 
 The model is rebuilt from the run's config.yaml and loaded from checkpoints/best.ckpt (weights only); the run's fitted
@@ -25,9 +25,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from hslite.build import model_for
-from hslite.checkpoints import read_checkpoint
-from hslite.config import Config, load_config, parse_overrides
 from hslite.datasets.fitted import FittedPreprocessing
 from hslite.datasets.geotiff_out import geotiff_writer, write_geotiff
 from hslite.datasets.io import CubeFile, cube_from_array
@@ -36,9 +33,12 @@ from hslite.datasets.patches import PatchGatherer
 from hslite.datasets.preprocess import patch_radius
 from hslite.datasets.scenes import load_scene, to_label_codes
 from hslite.errors import ConfigError, DataError
-from hslite.report import plot_map, write_json
-from hslite.resume import check_checkpoint_config
-from hslite.run_folder import RunFolder, check_writable
+from hslite.recipe.build import model_for
+from hslite.recipe.config import Config, load_config, parse_overrides
+from hslite.run.checkpoints import read_checkpoint
+from hslite.run.folder import RunFolder, check_writable
+from hslite.run.outputs import plot_map, write_json
+from hslite.run.resume import check_checkpoint_config
 
 BLOCK_BYTES = 64 * 2**20  # raw cube bytes per block when tile_rows=0; the working set is a few times this
 
