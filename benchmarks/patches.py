@@ -162,6 +162,7 @@ def main() -> None:
     ceiling = copy * 1e9 / (2 * bytes_per_sample) / baseline
     print(f"copy-bandwidth ceiling vs per-sample loader: {ceiling:.1f}x")
     print(f"speed-up vs per-sample loader: {best['vectorised'] / baseline:.1f}x")
+    print(f"torch path vs C kernel: {best['vectorised, torch'] / best['vectorised']:.2f}x")
     print(f"fraction of copy bandwidth: {2 * best['vectorised'] * bytes_per_sample / 1e9 / copy:.0%}")
 
 

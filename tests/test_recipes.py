@@ -7,6 +7,7 @@ written as GeoTIFF: a scene whose labels are a .mat file needs ../shared/data an
 """
 
 import dataclasses
+import json
 import os
 import shutil
 import subprocess
@@ -90,8 +91,23 @@ def test_recipe_smoke_run(recipe, tmp_path, request, monkeypatch):
         _lay_out_scene(scene, tmp_path / "data", shared_data, monkeypatch)
         overrides.append(f"data.root={tmp_path / 'data'}")
     result = fit(load_config(recipe, overrides))
-    assert (result.run_dir / "metrics.json").is_file()
-    assert 0.0 <= result.metrics["OA"] <= 1.0
+    _assert_scores_describe_the_test_pixels(json.loads((result.run_dir / "metrics.json").read_text()))
+
+
+def _assert_scores_describe_the_test_pixels(metrics: dict) -> None:
+    """Two test batches' pixels were scored, and OA and per-class accuracy are what their confusion matrix says.
+
+    A smoke run of one epoch has no accuracy worth asserting; that every figure comes from the pixels it scored does.
+    """
+    confusion = np.array(metrics["confusion_matrix"])
+    classes = len(metrics["class_names"])
+    assert confusion.shape == (classes, classes)
+    assert confusion.sum() == min(2 * 128, sum(metrics["split_counts"]["test"].values()))  # QUICK's test batches
+    assert metrics["OA"] == pytest.approx(np.trace(confusion) / confusion.sum())
+    seen = confusion.sum(axis=1)
+    assert metrics["per_class_accuracy"] == pytest.approx(
+        [confusion[i, i] / n if n else None for i, n in enumerate(seen)]
+    )
 
 
 def test_wheel_holds_every_module_and_finds_recipes_by_name(tmp_path):

@@ -7,7 +7,6 @@ datasets that gather whole batches in one indexing op.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import lightning
@@ -20,7 +19,7 @@ from hslite.datasets.own_scene import own_scene_for
 from hslite.datasets.patches import PatchDataset, PatchGatherer, collate_patches
 from hslite.datasets.preprocess import BandNormalizer, PCAReducer, check_finite, pad_reflect, select_bands
 from hslite.datasets.scenes import Scene, get_scene_spec, is_synthetic, load_scene, scene_folder
-from hslite.datasets.splits import Split, audit_leakage, make_split
+from hslite.datasets.splits import Split, audit_leakage, load_split_for, make_split
 from hslite.errors import DataError
 
 
@@ -183,28 +182,7 @@ class HSIDataModule(lightning.LightningDataModule):
     def _load_or_make_split(self, gt: np.ndarray) -> Split:
         if self.split_file is None:
             return make_split(gt, self.split_kind, patch_size=self.patch_size, seed=self.seed, **self.split_options)
-        if not Path(self.split_file).is_file():
-            raise DataError(
-                f"split_file {self.split_file} does not exist; save one with Split.save or drop the option."
-            )
-        split = Split.load(self.split_file)
-        for name, coords in (("train", split.train), ("val", split.val), ("test", split.test)):
-            inside = (coords >= 0).all() and (coords[:, 0] < gt.shape[0]).all() and (coords[:, 1] < gt.shape[1]).all()
-            if not inside or (coords.size and (gt[coords[:, 0], coords[:, 1]] == 0).any()):
-                raise DataError(
-                    f"{self.split_file}: its {name} set has pixels outside the {gt.shape} scene or unlabelled; it was "
-                    f"made for another scene than {self.scene_name}."
-                )
-        overlapping = audit_leakage(split, gt.shape, self.patch_size)["overlapping_test_patches"]
-        if split.kind == "disjoint" and overlapping:
-            drawn = "an unrecorded patch size" if split.patch_size is None else f"patch_size={split.patch_size}"
-            raise DataError(
-                f"{self.split_file} is a spatially disjoint split drawn for {drawn}; at data.patch_size="
-                f"{self.patch_size} {overlapping} of its {len(split.test)} test patches overlap a training patch, "
-                "so the test would see training pixels. Drop data.split_file to draw a new split for this patch, "
-                f"or use data.patch_size={split.patch_size or 1}."
-            )
-        return split
+        return load_split_for(self.split_file, gt, self.patch_size, self.scene_name)
 
     def leakage_audit(self) -> dict[str, Any]:
         """`audit_leakage` of the split in use at this datamodule's patch size (metrics.json records it)."""

@@ -12,9 +12,8 @@ Layout: the models take contiguous (n, B, p, p) float32 patches, in which a patc
   (fbgemm's SIMD transpose on the CPU) and copied into the batch. CHUNK_BYTES sets the chunk from the patch size,
   not from any cache: a few samples, whose staging plus the shuffle's output is 1 MiB.
 
-Measured (benchmarks/patches.py on the 2-core AMD EPYC: AVX2, 32 MiB L3, 1 MiB L2 per core; torch 2.13, one
-thread; IP-sized scene, 9x9 patches, batch 256, a new batch per step through a DataLoader): the kernel 56-60 % of
-copy bandwidth, the torch path 37 %, where its gather, transpose and copy cost about a third each.
+`benchmarks/patches.py` prints what each path reaches (samples/s, fraction of this box's copy bandwidth) and the
+torch path's speed against the kernel's; the torch path's gather, transpose and copy each take a share of its time.
 
 Buffers: `gather(coords, out=...)` fills a caller's buffer; without `out` a batch comes from a BufferPool
 (hslite/datasets/batch_buffers.py), whose memory is reused only once no tensor references it, so a DataLoader
@@ -44,7 +43,7 @@ from hslite.errors import DataError
 _patchgather: ModuleType | None
 try:
     from hslite.datasets import _patchgather
-except ImportError:  # installed without a C compiler: the torch path below, about two thirds of the speed
+except ImportError:  # installed without a C compiler: the slower torch path below (benchmarks/patches.py)
     _patchgather = None
 
 CHUNK_BYTES = 512 * 1024  # bytes of patches per chunk (8 IP-sized ones); 256 KiB-1 MiB measured the same

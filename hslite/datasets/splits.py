@@ -257,3 +257,26 @@ def _near_train(train: np.ndarray, shape: tuple[int, int], patch_size: int) -> n
     train_mask[train[:, 0], train[:, 1]] = True
     # Two p x p windows overlap when their centres are within 2r (Chebyshev), so dilate by 2r.
     return binary_dilation(train_mask, structure=np.ones((4 * radius + 1, 4 * radius + 1), dtype=bool))
+
+
+def load_split_for(path: str | Path, gt: np.ndarray, patch_size: int, scene_name: str) -> Split:
+    """A saved split, checked against the scene it is used on: its pixels labelled there, no leak at this patch size."""
+    if not Path(path).is_file():
+        raise DataError(f"split_file {path} does not exist; save one with Split.save or drop the option.")
+    split = Split.load(path)
+    for name, coords in (("train", split.train), ("val", split.val), ("test", split.test)):
+        inside = (coords >= 0).all() and (coords[:, 0] < gt.shape[0]).all() and (coords[:, 1] < gt.shape[1]).all()
+        if not inside or (coords.size and (gt[coords[:, 0], coords[:, 1]] == 0).any()):
+            raise DataError(
+                f"{path}: its {name} set has pixels outside the {gt.shape} scene or unlabelled; it was made for "
+                f"another scene than {scene_name}."
+            )
+    overlapping = audit_leakage(split, gt.shape, patch_size)["overlapping_test_patches"]
+    if split.kind == "disjoint" and overlapping:
+        drawn = "an unrecorded patch size" if split.patch_size is None else f"patch_size={split.patch_size}"
+        raise DataError(
+            f"{path} is a spatially disjoint split drawn for {drawn}; at data.patch_size={patch_size} {overlapping} "
+            f"of its {len(split.test)} test patches overlap a training patch, so the test would see training pixels. "
+            f"Drop data.split_file to draw a new split for this patch, or use data.patch_size={split.patch_size or 1}."
+        )
+    return split

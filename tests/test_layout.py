@@ -1,0 +1,70 @@
+"""The house's layout rules, checked on the tree: no import cycles, a small top floor, files a reader can hold.
+
+The scan is tools/import_graph.py's (every import counts: lazy and type-only ones too), so what this test enforces is
+what `python tools/import_graph.py` prints.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+MAX_TOP_LEVEL_FILES = 10  # DESIGN §1: roles live in folders; the top floor keeps the API, the CLI and leaf helpers
+MAX_LINES = 300
+
+
+def _import_graph():
+    spec = importlib.util.spec_from_file_location("import_graph", REPO / "tools" / "import_graph.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_no_cycle_of_files_or_packages():
+    graph = _import_graph()
+    layout = graph.scan()
+    assert graph.cycles(layout.edges) == []
+    assert graph.cycles(layout.unit_edges()) == []
+
+
+def test_the_scan_sees_lazy_and_type_only_imports(tmp_path):
+    package = tmp_path / "hslite"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "a.py").write_text("def f():\n    from hslite.sub import b\n")
+    (package / "sub" / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from hslite import a\n"
+    )
+    graph = _import_graph()
+    layout = graph.scan(package)
+    assert graph.cycles(layout.edges) == [["hslite.a", "hslite.sub.b"]]
+    assert graph.cycles(layout.unit_edges()) == [["hslite.a", "hslite.sub"]]
+
+
+def test_datasets_and_models_depend_on_no_layer_above_them():
+    edges = _import_graph().scan().unit_edges()
+    above = {"hslite.parallel", "hslite.preflight", "hslite.recipe", "hslite.run", "hslite.compare", "hslite.task"}
+    assert edges["hslite.datasets"] & above == set()
+    assert edges["hslite.models"] & above == set()
+    assert edges["hslite.task"] & above == set()
+
+
+def test_the_top_floor_is_small():
+    top = sorted(p.name for p in (REPO / "hslite").glob("*.py"))
+    assert len(top) <= MAX_TOP_LEVEL_FILES, top
+
+
+def test_a_file_over_300_lines_says_why_in_its_docstring():
+    long = []
+    for path in sorted((REPO / "hslite").rglob("*.py")):
+        text = path.read_text()
+        docstring = ast.get_docstring(ast.parse(text)) or ""
+        if len(text.splitlines()) > MAX_LINES and "300 lines" not in docstring:
+            long.append(f"{path.relative_to(REPO)}: {len(text.splitlines())} lines")
+    assert long == []
