@@ -26,11 +26,11 @@ def _activation_bytes(cfg, rotation: int) -> int:
     import torch
 
     from hslite.preflight.activations import SavedTensorCounter
-    from hslite.recipe.build import build_task, prepared_datamodule
+    from hslite.recipe.build import build_task, plan_from_config, prepared_datamodule
     from hslite.recipe.gate import training_batches
 
     datamodule = prepared_datamodule(cfg)
-    task = build_task(cfg, datamodule)
+    task = build_task(cfg, plan_from_config(cfg), datamodule)
     x, _ = training_batches(datamodule, 0)(cfg.data.batch_size)
     counter = SavedTensorCounter(task.model)
     with counter, torch.enable_grad():

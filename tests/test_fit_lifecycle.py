@@ -170,3 +170,59 @@ def test_a_limited_test_pass_still_maps_the_whole_scene(tmp_path):
     metrics = json.loads((run / "metrics.json").read_text())
     assert (run / "map.png").is_file() and (run / "prediction.tif").is_file()
     assert sum(map(sum, metrics["confusion_matrix"])) == 128  # two test batches scored, the whole scene mapped
+
+
+@pytest.mark.parametrize(("save_map", "limit", "passes"), [
+    (True, "1.0", [("scene", {})]),  # one pass: the test pixels are scored from the map
+    (True, "2", [("test", {"limit_predict_batches": 2}), ("scene", {})]),  # the map stays whole
+    (False, "1.0", [("test", {"limit_predict_batches": None})]),
+    (False, "0.5", [("test", {"limit_predict_batches": 0.5})]),
+])  # fmt: skip
+def test_one_inference_pass_serves_the_test_and_the_map_only_when_both_cover_the_whole_scene(
+    monkeypatch, save_map, limit, passes
+):
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from hslite.recipe.config import load_config
+    from hslite.run import fit as fit_module
+
+    ran = []
+
+    def predict(evaluator, task, loader):
+        ran.append((loader, evaluator))
+        return np.array([0, 1, 2, 3]) if loader == "scene" else np.array([1, 2])
+
+    monkeypatch.setattr(fit_module, "_evaluator", lambda plan, **limits: limits)
+    monkeypatch.setattr(fit_module, "_predict", predict)
+    datamodule = SimpleNamespace(
+        scene=SimpleNamespace(gt=np.array([[1, 2], [3, 0]])),
+        split=SimpleNamespace(test=np.array([[0, 1], [1, 0]])),  # the map's 2nd and 3rd pixels: classes 1 and 2
+        test_dataloader=lambda: "test",
+        predict_dataloader=lambda: "scene",
+    )
+    cfg = load_config("quickstart", [f"output.save_map={save_map}", f"train.limit_test_batches={limit}"])
+    scored, predicted = fit_module._predictions(cfg, None, datamodule, None)
+    assert ran == passes
+    assert scored.tolist() == [1, 2]
+    assert (predicted.tolist() if save_map else predicted) == ([0, 1, 2, 3] if save_map else None)
+
+
+def test_a_fit_derives_its_plan_from_the_config_once(tmp_path, monkeypatch):
+    import sys
+
+    from hslite.recipe import build
+
+    derived = []
+    original = build.plan_from_config
+
+    def counted(cfg):
+        derived.append(cfg.recipe)
+        return original(cfg)
+
+    # build and every module that imported it by name; a module imported later binds build's, patched.
+    for module in [m for m in list(sys.modules.values()) if getattr(m, "plan_from_config", None) is original]:
+        monkeypatch.setattr(module, "plan_from_config", counted)
+    assert main(["fit", "recipe=quickstart", *QUICK, "train.max_epochs=1", f"output.root={tmp_path}"]) == 0
+    assert derived == ["quickstart"]

@@ -19,6 +19,8 @@ from hslite.parallel.cuda_math import current_cuda_math, restore_cuda_math, set_
 from hslite.parallel.plan import Plan
 from hslite.preflight import probe as probe_module
 from hslite.preflight import timers
+from hslite.preflight.feature_costs import measure_fsdp_overhead
+from hslite.preflight.launcher_cuda import device_memory_bytes
 from hslite.preflight.measurements import LinkModel, ProbeResult
 from hslite.preflight.run import run_preflight
 from hslite.recipe import gate
@@ -77,9 +79,9 @@ def test_gpu_memory_is_priced_as_what_the_probed_gpu_has_free(four_gpus, monkeyp
     monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
     total = SimpleNamespace(total_memory=141 * GIB)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: total)
-    assert gate._memory_bytes("gpu") == 3 * GIB
+    assert device_memory_bytes("gpu") == 3 * GIB
     assert [torch.device(d) for d in asked] == [CUDA0]
-    assert gate._memory_bytes("cpu") > 0 and len(asked) == 1  # CPU processes: host memory, no GPU asked
+    assert device_memory_bytes("cpu") > 0 and len(asked) == 1  # CPU processes: host memory, no GPU asked
 
 
 def test_memory_is_read_once_after_the_first_probe_and_loop_measurement():
@@ -144,8 +146,8 @@ def fake_cuda_probe(tmp_path, monkeypatch):
             raise RuntimeError("CUDA out of memory (test)")
         return tiny_probe(Plan(accelerator="gpu", batch_size=batch_size, precision=precision))
 
-    monkeypatch.setattr(probe_module, "_measure", measure)
-    monkeypatch.setattr(probe_module, "_device_label", lambda dev: f"{dev} (test GPU)")
+    monkeypatch.setattr(probe_module, "measure_steps", measure)
+    monkeypatch.setattr(probe_module, "device_label", lambda dev: f"{dev} (test GPU)")
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: record.released.append("allocator cache"))
     monkeypatch.setattr(torch._C, "_cuda_clearCublasWorkspaces", lambda: record.released.append("cublas"),
                         raising=False)  # fmt: skip
@@ -202,7 +204,7 @@ def test_the_fsdp_probe_gets_the_process_group_backend_the_ranks_get(monkeypatch
     monkeypatch.setattr(torch.distributed, "init_process_group", init_process_group)
     plain = tiny_probe(Plan(accelerator="gpu"))
     with pytest.raises(Recorded):
-        probe_module.measure_fsdp_overhead(lambda: nn.Linear(4, 2), (torch.randn(2, 4), torch.zeros(2)), plain)
+        measure_fsdp_overhead(lambda: nn.Linear(4, 2), (torch.randn(2, 4), torch.zeros(2)), plain)
     # An NCCL-only group has no CPU backend: a CPU tensor handed to one of its collectives fails.
     assert backends == ["cpu:gloo,cuda:nccl"]
 

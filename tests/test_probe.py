@@ -1,4 +1,4 @@
-"""Probe: sane timings for a tiny MLP, activation bytes against an analytic count, cache and threads."""
+"""Probe: timings, the compute model's fit, activation bytes against an analytic count, cache, threads, FSDP's cost."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from torch import nn
 
 from hslite.errors import ConfigError
 from hslite.parallel.plan import Plan, threads_per_process
+from hslite.preflight import feature_costs, step_timing
 from hslite.preflight import probe as probe_module
 from hslite.preflight.measurements import ProbeResult
 from hslite.preflight.probe import probe_model
@@ -51,9 +52,26 @@ def test_tiny_mlp_probe_returns_sane_positive_numbers():
     assert result.param_bytes == result.grad_bytes == 4 * result.param_count
     assert result.optimizer_bytes >= 2 * result.param_bytes  # AdamW: exp_avg + exp_avg_sq (+ step counters)
     assert result.peak_bytes == 2 * result.param_bytes + result.optimizer_bytes + result.activation_bytes
-    assert result.compute_c0_seconds >= 0 and result.compute_c1_seconds_per_sample >= 0
     assert result.threads == 1 and result.device == "cpu" and result.compress_seconds_per_byte is None
     assert ProbeResult.from_dict(result.to_dict()) == result
+
+
+def test_the_compute_model_is_fitted_to_the_steps_timed_at_the_batch_and_at_half_of_it(monkeypatch):
+    batches: list[int] = []
+
+    def linear_in_batch(model, optimizer, x, y, *args) -> list[float]:
+        # A step whose forward and backward grow linearly with the batch: c0 = 3 ms, c1 = 60 µs per sample.
+        b = x.shape[0]
+        batches.append(b)
+        return [1e-3 + 2e-5 * b, 2e-3 + 4e-5 * b, 1e-4]
+
+    monkeypatch.setattr(step_timing, "timed_step", linear_in_batch)
+    result = probe_model(linear_stack, make_batch, batch_size=16, precision="32-true", threads=1, warmup=1, steps=3)
+    assert batches == [16] * 4 + [8] * 4  # warm-up and timed steps at b, then at b/2
+    assert (result.forward_seconds, result.backward_seconds) == (1e-3 + 2e-5 * 16, 2e-3 + 4e-5 * 16)
+    assert result.optimizer_seconds == 1e-4 and result.batch_size == 16
+    assert result.compute_c0_seconds == pytest.approx(3e-3)
+    assert result.compute_c1_seconds_per_sample == pytest.approx(6e-5)
 
 
 def test_activation_bytes_match_an_analytic_count_for_a_linear_stack():
@@ -66,8 +84,8 @@ def test_activation_bytes_match_an_analytic_count_for_a_linear_stack():
 
 def test_cache_hit_is_fast_and_fresh_remeasures(cache_dir, monkeypatch):
     calls = []
-    measure = probe_module._measure
-    monkeypatch.setattr(probe_module, "_measure", lambda *a, **k: calls.append(1) or measure(*a, **k))
+    measure = probe_module.measure_steps
+    monkeypatch.setattr(probe_module, "measure_steps", lambda *a, **k: calls.append(1) or measure(*a, **k))
     kwargs = dict(batch_size=8, precision="32-true", threads=1, steps=2, cache_key="tiny-mlp")
     first = probe_model(linear_stack, make_batch, **kwargs)
     start = time.monotonic()
@@ -131,7 +149,7 @@ def test_fsdp_overhead_is_measured_on_a_one_rank_group_and_priced_per_micro_step
 
     result = probe_model(factory, batch, batch_size=16, precision="32-true", measure_fsdp=True)
     assert result.fsdp_units == 2  # fc_hidden and the root
-    assert result.fsdp_micro_overhead_seconds >= 0 and result.fsdp_optimizer_overhead_seconds >= 0
+    assert result.fsdp_micro_overhead_seconds is not None and result.fsdp_optimizer_overhead_seconds is not None
     assert not torch.distributed.is_initialized()  # the probe's one-rank group is gone again
     fixed = ProbeResult.from_dict({**result.to_dict(), "fsdp_micro_overhead_seconds": 0.01,
                                    "fsdp_optimizer_overhead_seconds": 0.02})  # fmt: skip
@@ -141,3 +159,30 @@ def test_fsdp_overhead_is_measured_on_a_one_rank_group_and_priced_per_micro_step
     assert sharded.compute_seconds - plain.compute_seconds == pytest.approx(
         (2 * 0.01 + 0.02 - fixed.optimizer_seconds / 2) * sharded.oversubscription, rel=1e-6
     )
+
+
+def test_fsdp_overhead_is_the_sharded_steps_time_beyond_the_plain_steps(monkeypatch):
+    from torch.distributed.fsdp import FSDPModule
+
+    from hslite.models import get_model
+
+    timed_models: list[nn.Module] = []
+
+    def sharded_step(model, *args) -> list[float]:
+        timed_models.append(model)
+        return [0.010, 0.020, 0.005]  # forward, backward, optimiser: each slower than the plain step's below
+
+    def factory() -> nn.Module:
+        return get_model("cnn1d", in_bands=32, num_classes=4, patch_size=1)
+
+    monkeypatch.setattr(feature_costs, "timed_step", sharded_step)
+    plain = ProbeResult(
+        forward_seconds=0.004, backward_seconds=0.006, optimizer_seconds=0.001, data_seconds=0.0, batch_size=4,
+        precision="32-true", threads=1, device="cpu", param_count=0, param_bytes=0, grad_bytes=0, optimizer_bytes=0,
+        activation_bytes=0, peak_bytes=0, compute_c0_seconds=0.0, compute_c1_seconds_per_sample=0.0,
+    )  # fmt: skip
+    batch = (torch.randn(4, 32, 1, 1), torch.randint(0, 4, (4,)))
+    micro, optimizer = feature_costs.measure_fsdp_overhead(factory, batch, plain, warmup=1, steps=3)
+    assert micro == pytest.approx(0.030 - 0.010) and optimizer == pytest.approx(0.005 - 0.001)
+    assert len(timed_models) == 4 and all(isinstance(m, FSDPModule) for m in timed_models)  # FSDP's step is timed
+    assert not torch.distributed.is_initialized()

@@ -4,8 +4,11 @@ collide."""
 
 from __future__ import annotations
 
+import builtins
 import errno
+import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +45,21 @@ def _crash_at_epoch(monkeypatch: pytest.MonkeyPatch, epoch: int) -> None:
     monkeypatch.setattr(TrainingState, "on_train_epoch_start", crash, raising=False)
 
 
+def _reads_of(monkeypatch: pytest.MonkeyPatch, name: str) -> list[str]:
+    """Every opening of a file called `name` for reading from here on: builtins' open (torch.load), io's (pathlib)."""
+    reads: list[str] = []
+    real_open = io.open
+
+    def counting(file, mode="r", *args, **kwargs):
+        if isinstance(file, (str, os.PathLike)) and Path(file).name == name and "r" in mode:
+            reads.append(str(file))
+        return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", counting)
+    monkeypatch.setattr(io, "open", counting)
+    return reads
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("uninterrupted")
@@ -63,7 +81,10 @@ def test_a_resumed_run_ends_with_the_metrics_of_an_uninterrupted_one(tmp_path, m
     monkeypatch.undo()
     (failed,) = _runs(tmp_path)
     assert failed.name.endswith(".failed")
+    reads = _reads_of(monkeypatch, "last.ckpt")
     assert main(["fit", "resume=last", *QUICK, f"output.root={tmp_path}"]) == 0
+    monkeypatch.undo()
+    assert len(reads) == 1, f"last.ckpt was read {len(reads)} times to resume: {reads}"  # checked, then restored
     (run,) = _runs(tmp_path)  # the same folder, finished
     assert run.name == failed.name.removesuffix(".failed")
     assert _scores(run) == uninterrupted

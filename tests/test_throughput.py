@@ -6,14 +6,19 @@ from types import SimpleNamespace
 
 import torch
 
-import hslite.run.fit as fit_module
+from hslite.parallel import timing
 from hslite.parallel.timing import TrainThroughput
+
+
+def _clock(monkeypatch, read):
+    """Stand `read` in for the timer's clock, in timing.py's own reference to it (not the process-wide time module)."""
+    monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=read))
 
 
 def test_batch_time_includes_the_fetch_before_the_next_batch_and_not_the_gap_across_validation(monkeypatch):
     # Epoch 0: batches start at 0, 1, 3 and the epoch ends at 6. Validation runs until 100; epoch 1: 100, 104, end 105.
     ticks = iter([0.0, 1.0, 3.0, 6.0, 100.0, 104.0, 105.0])
-    monkeypatch.setattr(fit_module.time, "perf_counter", lambda: next(ticks))
+    _clock(monkeypatch, lambda: next(ticks))
     logged: dict[str, float] = {}
     module = SimpleNamespace(log_dict=lambda metrics, **_: logged.update(metrics))
     timer = TrainThroughput()
@@ -29,6 +34,7 @@ def test_batch_time_includes_the_fetch_before_the_next_batch_and_not_the_gap_acr
         timer.on_train_epoch_end(trainer, module)
     monkeypatch.undo()
 
+    assert next(ticks, None) is None, "the timer did not read the stand-in clock at every batch start and epoch end"
     assert timer.batch_seconds == [1.0, 2.0, 3.0, 4.0, 1.0]  # 6 -> 100 (validation) is no batch's time
     assert logged["perf/median_batch_seconds"] == 2.5  # the run's first batch is left out
     assert logged["perf/train_samples"] == 5 * 4 * 2
@@ -37,7 +43,7 @@ def test_batch_time_includes_the_fetch_before_the_next_batch_and_not_the_gap_acr
 def test_on_a_gpu_the_epoch_ends_only_when_its_queued_work_has_run(monkeypatch):
     # Steps do not wait for the GPU (task.py), so the epoch's last batch may still be queued when the epoch ends.
     order: list[str] = []
-    monkeypatch.setattr(fit_module.time, "perf_counter", lambda: order.append("clock") or float(len(order)))
+    _clock(monkeypatch, lambda: order.append("clock") or float(len(order)))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: order.append(f"sync {device}"))
     strategy = SimpleNamespace(reduce=lambda values, reduce_op: values, root_device=torch.device("cuda:1"))
     trainer = SimpleNamespace(world_size=1, current_epoch=0, global_step=1, strategy=strategy)

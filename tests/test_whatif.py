@@ -10,7 +10,7 @@ from rich.console import Console
 from torch import nn
 
 from hslite.parallel.plan import Plan
-from hslite.preflight.probe import measure_footprint
+from hslite.preflight.footprint import measure_footprint
 from hslite.preflight.run import price_absent_devices
 from hslite.preflight.topology import Topology, load_topology
 from hslite.preflight.whatif import predict_footprint

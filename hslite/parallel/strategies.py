@@ -32,6 +32,18 @@ FENCE_TIMEOUT = timedelta(minutes=10)
 FENCE_BARRIER_KWARGS = {"timeout": FENCE_TIMEOUT} if "timeout" in inspect.signature(dist.barrier).parameters else {}
 
 
+def gather_from_ranks(value: Any) -> list[Any]:
+    """Every rank's `value`, in rank order, from one `all_gather_object`; `[value]` without a group of several ranks.
+
+    For host objects (numbers, CPU tensors): on GPUs they go over the group's gloo half (`plan.process_group_backend`).
+    """
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [value]
+    values: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
+
+
 class FencedBarrier:
     """A barrier that waits FENCE_TIMEOUT, not the collectives' short deadline.
 
@@ -67,6 +79,8 @@ class CompressedDDPStrategy(FencedDDPStrategy):
     Checkpoints: every rank's state (kind, step, statistics, residuals by parameter name) is gathered into the
     checkpoint under "hslite_compression" (residuals differ per rank, and only rank 0 writes the file, so the
     checkpoint grows by world_size × the fp32 gradient size under int8); on resume each rank takes its own back.
+    With hslite's `TrainingState` callback the states ride in its gather of the random states (`rank_state`,
+    `put_rank_states`): one collective per checkpoint, not two.
     """
 
     def __init__(
@@ -123,12 +137,22 @@ class CompressedDDPStrategy(FencedDDPStrategy):
         """Register DDP's one communication hook (channel groups wrap it to keep the collectives in order)."""
         ddp.register_comm_hook(state, hook)
 
+    def rank_state(self) -> dict[str, Any]:
+        """The part of a full checkpoint that is this rank's own: its compression state."""
+        return self.compression_state.state_dict()
+
+    def put_rank_states(self, checkpoint: dict[str, Any], states: list[Any]) -> None:
+        """Write every rank's `rank_state`, gathered in rank order, into `checkpoint`."""
+        checkpoint[CHECKPOINT_KEY] = {"world_size": len(states), "ranks": states}
+
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Any | None = None) -> None:
-        """Add every rank's compression state to a full checkpoint; Lightning calls this on all ranks."""
-        if "optimizer_states" in checkpoint:  # weights-only checkpoints carry no training state
-            states = [None] * self.world_size
-            dist.all_gather_object(states, self.compression_state.state_dict())
-            checkpoint[CHECKPOINT_KEY] = {"world_size": self.world_size, "ranks": states}
+        """Add every rank's compression state to a full checkpoint; Lightning calls this on all ranks.
+
+        A checkpoint that carries them already (`TrainingState` gathered them with its own) is not gathered again.
+        """
+        # A weights-only checkpoint carries no training state.
+        if "optimizer_states" in checkpoint and CHECKPOINT_KEY not in checkpoint:
+            self.put_rank_states(checkpoint, gather_from_ranks(self.rank_state()))
         super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
 
     def load_checkpoint(self, checkpoint_path: _PATH, weights_only: bool | None = None) -> dict[str, Any]:

@@ -1,7 +1,9 @@
 """Predicted step time and memory of a Plan, from one device's probe and a link model (DESIGN §3).
 
-`predict` composes the analytic formulas of `formulas.py` with the probe's measured times and sizes; memory and
-communication are shared with the what-if pricing of absent devices (`whatif.py`). Torch-free.
+`predict` composes the analytic formulas of `formulas.py` with the probe's measured times and sizes, part by part:
+compute (`_compute_seconds`, slowed by `_cpu_sharing`), communication (`comm_seconds`, `_quantise_seconds`), the
+training loop, and memory (`memory_breakdown_bytes` against `memory_budget_bytes`). Memory and communication are
+shared with the what-if pricing of absent devices (`whatif.py`). Torch-free.
 """
 
 from __future__ import annotations
@@ -147,44 +149,19 @@ def predict(
     is host memory shared by the ranks.
     """
     plan.validate()
-    notes: list[str] = []
-    if probe.precision != plan.precision:
-        notes.append(f"probe ran at {probe.precision}, plan uses {plan.precision}: compute not re-measured")
-    if not probe.batch_size // 2 <= plan.batch_size <= probe.batch_size:  # the probe timed b/2 and b
-        notes.append(f"batch {plan.batch_size} extrapolated from probes at {probe.batch_size // 2}-{probe.batch_size}")
-    oversubscription, cores = 1.0, None
-    if plan.accelerator == "cpu":
-        cores = cpu_cores or len(os.sched_getaffinity(0))
-        if probe.contention is not None and probe.contention_ranks == plan.devices:
-            oversubscription = probe.contention  # measured with the plan's ranks stepping at once
-            notes.append(f"{plan.devices} ranks stepping at once each ran {oversubscription:.2f}× slower than alone")
-        else:
-            oversubscription = max(1.0, plan.devices * probe.threads / cores)
-            if oversubscription > 1:
-                notes.append(f"{plan.devices} processes with {probe.threads} thread(s) each share {cores} cores")
+    notes = _extrapolation_notes(plan, probe)
+    oversubscription, cores = _cpu_sharing(plan, probe, cpu_cores, notes)
     shards = plan.dp if plan.fsdp else 1
     compute_seconds, backward_seconds = (oversubscription * s for s in _compute_seconds(plan, probe, plan.chag, shards))
-
     exposed_seconds = comm_seconds(plan, probe, link, chag_link, backward_seconds, ring_factor_exact, notes)
-    if plan.world_size > 1 and plan.compression == "int8":
-        per_byte = probe.compress_seconds_per_byte
-        if per_byte is None:
-            per_byte = DEFAULT_COMPRESS_SECONDS_PER_BYTE[plan.accelerator]
-            notes.append(f"int8 quantise cost not measured: {plan.accelerator} default {per_byte:.0e} s/byte used")
-        exposed_seconds += per_byte * probe.grad_bytes
-    if plan.fsdp and plan.dp > 1 and probe.fsdp_micro_overhead_seconds is None:
-        notes.append("FSDP's own per-unit cost not measured (the probe ran without measure_fsdp): comm only")
-    if plan.rotation_enabled and (probe.chag_fraction is None or not probe.band_groups):
-        notes.append("rotation not priced: the probe did not measure the tokenizer share or band groups")
-
+    exposed_seconds += _quantise_seconds(plan, probe, notes)
+    _unpriced_notes(plan, probe, notes)
     alone_loop_seconds = loop_seconds if alone_loop_seconds is None else alone_loop_seconds
     # Non-final micro-steps run under no_sync: no collective, no optimiser step, so each rank pays only its own loop.
     loop_total_seconds = loop_seconds + (plan.accumulate - 1) * oversubscription * alone_loop_seconds
     step_seconds = compute_seconds + loop_total_seconds + exposed_seconds
     samples_per_second = plan.global_batch / step_seconds
-    # The same per-device plan on one rank with the cores to itself:
-    alone_seconds = _compute_seconds(plan, probe, 1, 1)[0] + plan.accumulate * alone_loop_seconds
-    speedup = samples_per_second / (plan.batch_size * plan.accumulate / alone_seconds)
+    speedup = samples_per_second / _alone_samples_per_second(plan, probe, alone_loop_seconds)
     breakdown = memory_breakdown_bytes(plan, probe)
     peak_bytes = sum(breakdown.values())
     budget_bytes = memory_budget_bytes(plan, device_memory_bytes)
@@ -206,6 +183,55 @@ def predict(
         cpu_cores=cores,
         notes=notes,
     )
+
+
+def _extrapolation_notes(plan: Plan, probe: ProbeResult) -> list[str]:
+    # Where the plan's compute is read off a probe of another step: its precision, or a batch outside b/2..b.
+    notes = []
+    if probe.precision != plan.precision:
+        notes.append(f"probe ran at {probe.precision}, plan uses {plan.precision}: compute not re-measured")
+    if not probe.batch_size // 2 <= plan.batch_size <= probe.batch_size:  # the probe timed b/2 and b
+        notes.append(f"batch {plan.batch_size} extrapolated from probes at {probe.batch_size // 2}-{probe.batch_size}")
+    return notes
+
+
+def _cpu_sharing(plan: Plan, probe: ProbeResult, cpu_cores: int | None, notes: list[str]) -> tuple[float, int | None]:
+    """(compute slow-down from CPU ranks sharing the box, the cores they share): (1.0, None) on GPU."""
+    if plan.accelerator != "cpu":
+        return 1.0, None
+    cores = cpu_cores or len(os.sched_getaffinity(0))
+    if probe.contention is not None and probe.contention_ranks == plan.devices:
+        notes.append(f"{plan.devices} ranks stepping at once each ran {probe.contention:.2f}× slower than alone")
+        return probe.contention, cores  # measured with the plan's ranks stepping at once
+    oversubscription = max(1.0, plan.devices * probe.threads / cores)
+    if oversubscription > 1:
+        notes.append(f"{plan.devices} processes with {probe.threads} thread(s) each share {cores} cores")
+    return oversubscription, cores
+
+
+def _quantise_seconds(plan: Plan, probe: ProbeResult, notes: list[str]) -> float:
+    # int8's quantise and dequantise run on the critical path, once per optimiser step (DESIGN §3, compressed).
+    if plan.world_size == 1 or plan.compression != "int8":
+        return 0.0
+    per_byte = probe.compress_seconds_per_byte
+    if per_byte is None:
+        per_byte = DEFAULT_COMPRESS_SECONDS_PER_BYTE[plan.accelerator]
+        notes.append(f"int8 quantise cost not measured: {plan.accelerator} default {per_byte:.0e} s/byte used")
+    return per_byte * probe.grad_bytes
+
+
+def _unpriced_notes(plan: Plan, probe: ProbeResult, notes: list[str]) -> None:
+    # Features the plan uses whose cost the probe did not measure.
+    if plan.fsdp and plan.dp > 1 and probe.fsdp_micro_overhead_seconds is None:
+        notes.append("FSDP's own per-unit cost not measured (the probe ran without measure_fsdp): comm only")
+    if plan.rotation_enabled and (probe.chag_fraction is None or not probe.band_groups):
+        notes.append("rotation not priced: the probe did not measure the tokenizer share or band groups")
+
+
+def _alone_samples_per_second(plan: Plan, probe: ProbeResult, alone_loop_seconds: float) -> float:
+    # The same per-device plan on one rank with the cores to itself: S(N)'s reference.
+    alone_seconds = _compute_seconds(plan, probe, 1, 1)[0] + plan.accumulate * alone_loop_seconds
+    return plan.batch_size * plan.accumulate / alone_seconds
 
 
 def memory_budget_bytes(plan: Plan, device_memory_bytes: int) -> int:

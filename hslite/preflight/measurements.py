@@ -1,6 +1,6 @@
 """What the pre-flight measures, as plain torch-free records: one device's probe and one link's model.
 
-`probe.py` and `links.py` fill them (with torch); the cost model and the verdict read them (without).
+`probe.py` (with its parts) and `links.py` fill them (with torch); the cost model and the verdict read them (without).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ _F = TypeVar("_F", bound="Footprint")
 class Footprint:
     """What one rank of a model holds at `batch_size`: bytes that do not depend on the device's speed.
 
-    Measured with the model's own tensors (`probe.measure_footprint`); enough to price memory and communication of
+    Measured with the model's own tensors (`footprint.measure_footprint`); enough to price memory and communication of
     devices that are not here, whose compute cannot be measured.
     """
 

@@ -50,7 +50,7 @@ def run_preflight(
     the fitted c0 + c1·b. `probe_for_plans(factory, make_batch)` builds one (CPU ranks probed with the threads they
     will get). `device_memory_bytes` is one device's budget (host memory for CPU plans), or a callable read once,
     when the first plan is priced, after its probe and loop measurement: a GPU's free memory depends on what they
-    left on it (`gate._memory_bytes`). `link_for(plan)` gives the
+    left on it (`launcher_cuda.device_memory_bytes`). `link_for(plan)` gives the
     data-parallel link, once per distinct group: `measure_links_for` on this box, or a topology's `link_for`.
     `loop_seconds_for(plan)` is the training loop's cost per micro-step for the plan's ranks (once per distinct
     ranks and accelerator; `measure_step_overhead` on this box); without it the loop is not priced.
@@ -145,7 +145,7 @@ def price_absent_devices(
 ) -> Verdict:
     """Price a plan whose devices are not here from the model's sizes and a topology profile: links and memory only.
 
-    `footprint_for(plan)` is called once per precision (`probe.measure_footprint` counts the sizes on this CPU).
+    `footprint_for(plan)` is called once per precision (`footprint.measure_footprint` counts the sizes on this CPU).
     The verdict is NO-GO when the requested plan cannot fit in the profile's device memory and UNDECIDED
     otherwise: compute of absent devices is not measured, so nothing is ranked by speed (DESIGN §3, what-if).
     """

@@ -76,7 +76,7 @@ def choose_plan(cfg: Config) -> PlanChoice:
     requested = check_visible(plan_from_config(cfg))
     quiet_lightning()
     datamodule = prepared_datamodule(cfg)
-    model = build_task(cfg, datamodule).model  # the recipe's own plan and model are refused before any probe
+    model = build_task(cfg, requested, datamodule).model  # the recipe's own plan and model are refused before any probe
     most = startable_devices(requested.accelerator)
     priced = preflight_check(cfg, requested, datamodule, max_devices=most)
     groups = band_groups_for(cfg, datamodule, model)

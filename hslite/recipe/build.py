@@ -155,8 +155,12 @@ def check_model_for_plan(plan: Plan, model: nn.Module, band_groups: list[tuple[i
         check_rotation(len(band_groups), plan.rotation_groups, plan.chag)
 
 
-def build_task(cfg: Config, datamodule: HSIDataModule) -> HSIClassifier:
-    """The model wrapped in the classification task, with class weights from the training pixels when asked."""
+def build_task(cfg: Config, plan: Plan, datamodule: HSIDataModule) -> HSIClassifier:
+    """The model wrapped in the classification task, with class weights from the training pixels when asked.
+
+    `plan` is the recipe's Plan (`plan_from_config`), derived once by the caller; a model whose band groups it cannot
+    split or rotate is refused here.
+    """
     weights = None
     if cfg.train.class_weights:
         train = datamodule.split.train
@@ -172,7 +176,6 @@ def build_task(cfg: Config, datamodule: HSIDataModule) -> HSIClassifier:
         warmup_epochs=cfg.train.warmup_epochs,
         class_weights=weights,
     )
-    plan = plan_from_config(cfg)
     band_groups = band_groups_for(cfg, datamodule, model)
     check_model_for_plan(plan, model, band_groups)
     if plan.rotation_enabled:

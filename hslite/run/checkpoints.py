@@ -8,6 +8,7 @@ fsynced, so the previous file stays loadable until the new one is whole.
 
 from __future__ import annotations
 
+import io
 import pickle
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,18 @@ def atomic_torch_save(payload: Any, path: Path) -> None:
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning checkpoint IO whose saves are atomic on a local filesystem (see the module docstring)."""
+    """Lightning checkpoint IO whose saves are atomic on a local filesystem (see the module docstring).
+
+    `already_read` holds, by path, the bytes of checkpoints the caller read before handing the path to Lightning (a
+    resumed run's last.ckpt, whose config is checked before the run starts): every rank loads them instead of reading
+    the file again. Bytes, not the loaded checkpoint: they reach a spawned rank through its pipe as they are, where each
+    of a loaded checkpoint's tensors would take a shared-memory file descriptor. (FSDP's ModelParallelStrategy reads
+    its checkpoint itself, not through this plugin.)
+    """
+
+    def __init__(self, already_read: dict[Path, bytes] | None = None) -> None:
+        super().__init__()
+        self.already_read = already_read or {}
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
         """Write `checkpoint` to `path` atomically."""
@@ -35,7 +47,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
         """Read a checkpoint with `weights_only=True` whatever the caller asks: loading never runs code."""
-        return read_checkpoint(Path(path))
+        path = Path(path)
+        # Popped: Lightning restores from it once, and the rank need not hold the bytes for the rest of training.
+        return read_checkpoint(path, self.already_read.pop(path, None))
 
 
 class BestCheckpoint(ModelCheckpoint):
@@ -76,12 +90,15 @@ class LastCheckpoint(Checkpoint):
             )  # on every rank: the state of every rank is gathered into it
 
 
-def read_checkpoint(path: Path) -> dict[str, Any]:
-    """A whole checkpoint read with `weights_only=True`; a missing or unreadable file is a DataError saying so."""
-    if not path.is_file():
+def read_checkpoint(path: Path, data: bytes | None = None) -> dict[str, Any]:
+    """A whole checkpoint loaded with `weights_only=True`; a missing or unreadable file is a DataError saying so.
+
+    `data` is the file's bytes when they were read already (a resumed run's last.ckpt: `AtomicCheckpointIO`).
+    """
+    if data is None and not path.is_file():
         raise DataError(f"checkpoint {path} does not exist.")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path if data is None else io.BytesIO(data), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:  # torch's advice (weights_only=False) would run the file's code: not given
         raise DataError(
             f"checkpoint {path} holds objects other than tensors and plain data, which hslite does not unpickle (that "

@@ -112,8 +112,8 @@ def fit(cfg: Config) -> RunResult:
     keep_freed_memory()
     pl.seed_everything(cfg.train.seed, workers=True, verbose=False)
     datamodule = prepared_datamodule(cfg)
-    task = build_task(cfg, datamodule)  # refuses band groups the plan cannot split or rotate
-    resume = _resume_point(cfg, datamodule)
+    task = build_task(cfg, plan, datamodule)  # refuses band groups the plan cannot split or rotate
+    resume, last = _resume_point(cfg, datamodule)
     parent = Path(cfg.output.root) / cfg.recipe
     check_writable(resume.parent if resume else parent, _checkpoint_bytes(task) if cfg.output.save_checkpoint else 0)
     verdict = choice.verdict if choice is not None else _gate(cfg, plan, datamodule)
@@ -125,7 +125,7 @@ def fit(cfg: Config) -> RunResult:
                 write_json(run.path / "plan_choice.json", choice.to_dict())
             datamodule.split.save(run.path / "split.npz")
             FittedPreprocessing.from_datamodule(datamodule).save(run.path / "preprocessing.npz")  # for hslite predict
-        metrics = _train_and_evaluate(cfg, plan, datamodule, task, run.path, len(run.resumptions))
+        metrics = _train_and_evaluate(cfg, plan, datamodule, task, run, last)
         metrics["resumed"] = run.resumptions
         if verdict is not None:
             write_json(run.path / "preflight.json", _predicted_vs_measured(verdict, plan, metrics))
@@ -134,19 +134,23 @@ def fit(cfg: Config) -> RunResult:
     return RunResult(run_dir=run.path, metrics=metrics, plan=plan)
 
 
-def _resume_point(cfg: Config, datamodule: HSIDataModule) -> Path | None:
-    """The run folder that cfg.resume names, once its checkpoint and split are known to be this run's."""
+def _resume_point(cfg: Config, datamodule: HSIDataModule) -> tuple[Path | None, bytes | None]:
+    """The run folder that cfg.resume names and its last.ckpt's bytes, once both checkpoint and split are this run's.
+
+    The checkpoint is read here, once: Lightning restores from these bytes, not from the file (`AtomicCheckpointIO`).
+    """
     if not cfg.resume:
-        return None
+        return None, None
     run = Path(cfg.resume)
     path = run / "checkpoints" / LAST
-    check_checkpoint_config(read_checkpoint(path), cfg, path)
+    last = path.read_bytes() if path.is_file() else None  # None: read_checkpoint says the file is missing
+    check_checkpoint_config(read_checkpoint(path, last), cfg, path)
     if not datamodule.split.same_pixels(Split.load(run / "split.npz")):
         raise DataError(
             f"{run}/split.npz differs from the split drawn now for the same seed (a changed label file or hslite "
             "version); the run cannot be continued on other pixels. Start a new run."
         )
-    return run
+    return run, last
 
 
 def _checkpoint_bytes(task: HSIClassifier) -> int:
@@ -156,17 +160,19 @@ def _checkpoint_bytes(task: HSIClassifier) -> int:
 
 
 def _train_and_evaluate(
-    cfg: Config, plan: Plan, datamodule: HSIDataModule, task: HSIClassifier, work_dir: Path, resumptions: int
+    cfg: Config, plan: Plan, datamodule: HSIDataModule, task: HSIClassifier, run: RunFolder, last: bytes | None
 ) -> dict[str, Any]:
     from lightning.pytorch.loggers import CSVLogger
 
+    work_dir, last_path = run.path, run.path / "checkpoints" / LAST
+    resume_from = None if last is None else last_path  # Lightning restores from `last`, the bytes read already
     callbacks: list[pl.Callback] = [TrainThroughput(), RankUsage(), TrainingState(flat_config(cfg))]
     if plan.world_size > 1:
         callbacks.append(RankActivity(work_dir / "ranks"))
     checkpoint = None
     if cfg.output.save_checkpoint:
         checkpoint = BestCheckpoint(work_dir / "checkpoints")
-        callbacks += [checkpoint, LastCheckpoint(work_dir / "checkpoints" / LAST, cfg.output.checkpoint_every_n_epochs)]
+        callbacks += [checkpoint, LastCheckpoint(last_path, cfg.output.checkpoint_every_n_epochs)]
     kwargs = trainer_kwargs(plan, progress=cfg.train.progress, deterministic=cfg.train.deterministic)
     callbacks += kwargs.pop("callbacks", [])
     steps_per_epoch = max(1, len(datamodule.train_dataloader()) // plan.dp)
@@ -182,15 +188,14 @@ def _train_and_evaluate(
         log_every_n_steps=min(50, steps_per_epoch),
         callbacks=callbacks,
         # Lightning's CSV logger empties a metrics.csv it finds: a resumed part writes its own, logs/resumed-<n>/.
-        logger=CSVLogger(work_dir, name="logs", version=f"resumed-{resumptions}" if resumptions else ""),
+        logger=CSVLogger(work_dir, name="logs", version=f"resumed-{len(run.resumptions)}" if run.resumptions else ""),
         default_root_dir=work_dir,
         enable_checkpointing=cfg.output.save_checkpoint,
-        plugins=[AtomicCheckpointIO()],
+        plugins=[AtomicCheckpointIO(None if last is None else {last_path: last})],
     )
     wall_start = time.perf_counter()
     try:
-        last = work_dir / "checkpoints" / LAST if resumptions else None
-        trainer.fit(task, datamodule=datamodule, ckpt_path=last, weights_only=True)  # whatever the strategy
+        trainer.fit(task, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)  # whatever the strategy
     except Exception as err:
         failed = rank_failure(err, trainer, work_dir / "ranks")
         if failed is None:
@@ -202,21 +207,8 @@ def _train_and_evaluate(
     best = Path(checkpoint.best_model_path).resolve() if checkpoint and checkpoint.best_model_path else None
     if best is not None:
         task.load_state_dict(load_weights(best))
-    # train.limit_test_batches limits the test pass only: a map is always of the whole scene.
-    evaluator = pl.Trainer(**trainer_kwargs(plan.single_device(), progress=False), logger=False)
+    scored, predicted = _predictions(cfg, plan, datamodule, task)
     scene, test = datamodule.scene, datamodule.split.test
-    # One inference pass when a map is wanted: the whole scene is predicted and its test pixels are scored from it.
-    whole_scene = cfg.output.save_map and cfg.train.limit_test_batches == 1.0
-    predicted = _predict(evaluator, task, datamodule.predict_dataloader()) if whole_scene else None
-    if predicted is not None:
-        scored = predicted.reshape(scene.gt.shape)[test[:, 0], test[:, 1]]
-    else:
-        tester = pl.Trainer(
-            **trainer_kwargs(plan.single_device(), progress=False),
-            logger=False,
-            limit_predict_batches=_limit(cfg.train.limit_test_batches),
-        )
-        scored = _predict(tester, task, datamodule.test_dataloader())
     targets = scene.gt[test[: len(scored), 0], test[: len(scored), 1]] - 1
     scores = task.score(torch.from_numpy(scored), torch.from_numpy(targets))
     metrics: dict[str, Any] = {
@@ -243,14 +235,46 @@ def _train_and_evaluate(
     confusion = scores["confusion_matrix"]
     metrics["confusion_matrix"] = confusion.tolist()
     plot_confusion(work_dir / "confusion.png", confusion, datamodule.class_names)
-    if cfg.output.save_map:
-        if predicted is None:
-            predicted = _predict(evaluator, task, datamodule.predict_dataloader())
+    if predicted is not None:
         classes = predicted.reshape(scene.gt.shape) + 1
         plot_map(work_dir / "map.png", classes, scene.gt, datamodule.class_names, scene.label_codes)
         codes = to_label_codes(classes, scene.label_codes)  # an own scene's map is in its label file's codes
         write_geotiff(work_dir / "prediction.tif", codes, scene.crs, scene.transform)
     return metrics
+
+
+def _predictions(
+    cfg: Config, plan: Plan, datamodule: HSIDataModule, task: HSIClassifier
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Predicted classes of the scored test pixels, and of the whole scene when a map is asked (None otherwise).
+
+    train.limit_test_batches limits the test pass only, and a map is always of the whole scene: with a map asked and
+    no limit, one pass over the scene serves both; otherwise the test pass and the map are two.
+    """
+    if cfg.output.save_map and cfg.train.limit_test_batches == 1.0:
+        return _scored_from_the_map(plan, datamodule, task)
+    return _tested_then_mapped(cfg, plan, datamodule, task)
+
+
+def _scored_from_the_map(plan: Plan, datamodule: HSIDataModule, task: HSIClassifier) -> tuple[np.ndarray, np.ndarray]:
+    """One pass: the whole scene is predicted, and its test pixels are scored from that map."""
+    predicted = _predict(_evaluator(plan), task, datamodule.predict_dataloader())
+    test = datamodule.split.test
+    return predicted.reshape(datamodule.scene.gt.shape)[test[:, 0], test[:, 1]], predicted
+
+
+def _tested_then_mapped(
+    cfg: Config, plan: Plan, datamodule: HSIDataModule, task: HSIClassifier
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Two passes: the test pixels (as many batches as train.limit_test_batches), then the scene when a map is asked."""
+    tester = _evaluator(plan, limit_predict_batches=_limit(cfg.train.limit_test_batches))
+    scored = _predict(tester, task, datamodule.test_dataloader())
+    return scored, _predict(_evaluator(plan), task, datamodule.predict_dataloader()) if cfg.output.save_map else None
+
+
+def _evaluator(plan: Plan, **limits: Any) -> pl.Trainer:
+    """A one-device Trainer for inference, whatever the plan trained on."""
+    return pl.Trainer(**trainer_kwargs(plan.single_device(), progress=False), logger=False, **limits)
 
 
 def _plan_that_ran(plan: Plan, trainer: pl.Trainer) -> str:

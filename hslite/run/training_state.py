@@ -7,8 +7,9 @@ gathered into the checkpoint here (a few KB per rank), with the run's config so 
 recognised. The global generators are put back as Lightning restores the checkpoint: a resumed fit skips the sanity
 check and makes its first epoch's iterator (which draws the shuffle's seed) before any hook of training runs, where
 an uninterrupted one makes it after the previous epoch's checkpoint. The augmentation generator, which only the
-batches draw from, is put back when training starts, once the training set is loaded. Compression residuals travel
-the same way, in the strategy (`CompressedDDPStrategy.save_checkpoint`).
+batches draw from, is put back when training starts, once the training set is loaded. A compressing strategy's
+per-rank state (its residuals) rides in the same gather, so a checkpoint costs one collective; the strategy restores
+it (`CompressedDDPStrategy.load_checkpoint`).
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from typing import Any, cast
 import lightning.pytorch as pl
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from hslite.errors import DataError
+from hslite.parallel.strategies import CompressedDDPStrategy, gather_from_ranks
 
 CHECKPOINT_KEY = "hslite"
 
@@ -77,13 +78,14 @@ class TrainingState(pl.Callback):
     def on_save_checkpoint(  # noqa: D102 - Lightning calls it on every rank, so the gather is collective
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
-        state = _rank_state(trainer)
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            states: list[Any] = [None] * dist.get_world_size()
-            dist.all_gather_object(states, state)
-        else:
-            states = [state]
-        checkpoint[CHECKPOINT_KEY] = {"config": self.config, "ranks": states}
+        compressing = trainer.strategy if isinstance(trainer.strategy, CompressedDDPStrategy) else None
+        theirs = (
+            compressing.rank_state() if compressing is not None else None
+        )  # rides in this gather: one per checkpoint
+        states = gather_from_ranks((_rank_state(trainer), theirs))
+        checkpoint[CHECKPOINT_KEY] = {"config": self.config, "ranks": [own for own, _ in states]}
+        if compressing is not None:
+            compressing.put_rank_states(checkpoint, [theirs for _, theirs in states])
 
     def on_load_checkpoint(  # noqa: D102
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]

@@ -1,0 +1,74 @@
+"""How much slower a CPU rank's training step runs while the plan's other ranks step on the same box.
+
+CPU ranks share more than cores: the caches and the memory bandwidth. So the count of cores alone under-prices
+a rank that steps beside others, and the step is timed with the plan's ranks running it at once instead.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from hslite.allocator import keep_freed_memory
+from hslite.optim import adamw
+from hslite.preflight.step_timing import timed_step
+
+
+def measure_contention(
+    model: nn.Module,
+    batch: tuple[Tensor, Tensor],
+    *,
+    ranks: int,
+    threads: int,
+    precision: str,
+    alone_seconds: float,
+    loss_fn: Callable[[Tensor, Tensor], Tensor] = nn.functional.cross_entropy,
+    warmup: int = 2,
+    steps: int = 5,
+    window_seconds: float = 0.5,
+) -> float:
+    """How many times slower a CPU rank's training step runs while `ranks` processes run it at once: at least 1.
+
+    `ranks` spawned processes with `threads` threads each start the probe's step together (a barrier after
+    warm-up) and time steps of it for `window_seconds` at least, so that they overlap even when a step takes a
+    millisecond; the slowest rank's median, which DDP waits for, over `alone_seconds` (the same step in one process
+    with the same threads) is the factor. The spawned processes need the caller's `if __name__ == "__main__":` guard.
+    """
+    context = torch.multiprocessing.get_context("spawn")
+    barrier, results = context.Barrier(ranks), context.SimpleQueue()
+    args = (model, batch, threads, precision, loss_fn, warmup, steps, window_seconds, barrier, results)
+    torch.multiprocessing.start_processes(_contention_rank, args=args, nprocs=ranks, start_method="spawn")
+    slowest = max(results.get() for _ in range(ranks))
+    return max(1.0, slowest / alone_seconds)
+
+
+def _contention_rank(
+    rank: int,
+    model: nn.Module,
+    batch: tuple[Tensor, Tensor],
+    threads: int,
+    precision: str,
+    loss_fn: Callable[..., Tensor],
+    warmup: int,
+    steps: int,
+    window_seconds: float,
+    barrier: Any,
+    results: Any,
+) -> None:
+    torch.set_num_threads(threads)
+    keep_freed_memory()
+    dev = torch.device("cpu")
+    optimizer = adamw(model.parameters())
+    for _ in range(warmup):
+        timed_step(model, optimizer, *batch, precision, dev, loss_fn)
+    barrier.wait()
+    timed: list[float] = []
+    end = time.monotonic() + window_seconds
+    while len(timed) < steps or time.monotonic() < end:
+        timed.append(sum(timed_step(model, optimizer, *batch, precision, dev, loss_fn)))
+    results.put(statistics.median(timed))

@@ -1,0 +1,82 @@
+"""What a plan's features add to the plain training step: FSDP2's own seconds and int8 quantisation's per byte.
+
+Both are timed on one device by the probe when the plan uses the feature (`probe_model`'s `measure_fsdp`,
+`measure_compression`); the cost model adds them to the plain step's compute and communication.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from hslite.optim import adamw
+from hslite.parallel.plan import process_group_backend
+from hslite.preflight.measurements import ProbeResult
+from hslite.preflight.step_timing import timed_step
+from hslite.preflight.timers import wall_seconds
+
+# A choice, not a measured figure: the int8 probe quantises a buffer of the gradient's own size, capped at 64 MB of
+# fp32 to bound the probe's time; a larger gradient is priced at this buffer's per-byte rate.
+COMPRESSION_PROBE_MAX_ELEMENTS = 1 << 24
+
+
+def measure_fsdp_overhead(
+    model_factory: Callable[[], nn.Module],
+    batch: tuple[Tensor, Tensor],
+    plain: ProbeResult,
+    loss_fn: Callable[..., Tensor] = nn.functional.cross_entropy,
+    warmup: int = 2,
+    steps: int = 5,
+) -> tuple[float, float] | None:
+    """FSDP2's own seconds per micro-step and per optimiser step on one rank, beyond `plain`'s step.
+
+    The model is sharded over a one-rank process group, so its collectives are copies and what is timed is what
+    FSDP adds at any world size: unit hooks, gathering into and out of flat buffers, DTensor dispatch in AdamW.
+    None when a process group already exists here.
+    """
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from hslite.parallel.fsdp_policy import shard_model
+
+    if dist.is_initialized():
+        return None
+    dev = torch.device(plain.device.split(" ")[0])
+    # The ranks' own backend: FSDP2 is timed over the groups training uses, and a CPU tensor handed to a collective
+    # finds gloo as it would in training, instead of failing on an NCCL-only group.
+    backend = process_group_backend("gpu" if dev.type == "cuda" else "cpu")
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = model_factory().to(dev).train()
+        shard_model(model, init_device_mesh(dev.type, (1,)), plain.precision)
+        optimizer = adamw(model.parameters())
+        x, y = (t.to(dev) for t in batch)
+        for _ in range(warmup):
+            timed_step(model, optimizer, x, y, plain.precision, dev, loss_fn)
+        timed = [timed_step(model, optimizer, x, y, plain.precision, dev, loss_fn) for _ in range(steps)]
+    finally:
+        dist.destroy_process_group()
+    forward, backward, step = (statistics.median(column) for column in zip(*timed, strict=True))
+    micro = forward + backward - plain.forward_seconds - plain.backward_seconds
+    return max(0.0, micro), max(0.0, step - plain.optimizer_seconds)
+
+
+def int8_seconds_per_byte(param_count: int, dev: torch.device) -> float:
+    """Seconds per fp32 gradient byte of the int8 hook's quantise and dequantise with error feedback, on `dev`."""
+    # Mirrors an error-feedback int8 hook: add the residual, scale by the max, round, cast, dequantise, keep the error.
+    grad = torch.randn(max(1, min(param_count, COMPRESSION_PROBE_MAX_ELEMENTS)), device=dev)
+    residual = torch.zeros_like(grad)
+
+    def quantise_dequantise() -> None:
+        corrected = grad + residual
+        scale = corrected.abs().max().clamp_min(1e-12) / 127
+        restored = (corrected / scale).round_().clamp_(-127, 127).to(torch.int8).to(torch.float32) * scale
+        residual.copy_(corrected - restored)
+
+    quantise_dequantise()
+    seconds = statistics.median(wall_seconds(quantise_dequantise, dev) for _ in range(5))
+    return seconds / (grad.numel() * grad.element_size())

@@ -1,0 +1,103 @@
+"""What one rank of a model holds: parameter, gradient, optimiser-state and saved-activation bytes, and FSDP's units.
+
+`model_sizes` counts them on the model's own tensors (the probe calls it after timing); `measure_footprint` does
+only that, on this CPU, for devices that are not here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from hslite.optim import adamw
+from hslite.preflight.activations import SavedTensorCounter, measure_tokenizer
+from hslite.preflight.measurements import Footprint
+from hslite.preflight.timers import autocast
+
+
+def measure_footprint(
+    model_factory: Callable[[], nn.Module],
+    make_batch: Callable[[int], tuple[Tensor, Tensor]],
+    *,
+    batch_size: int,
+    precision: str,
+    tokenizer_modules: tuple[str, ...] = (),
+    band_group_sizes: list[int] | None = None,
+    loss_fn: Callable[[Tensor, Tensor], Tensor] = nn.functional.cross_entropy,
+) -> Footprint:
+    """Bytes one rank holds at `batch_size` and `precision`, counted on this CPU with the model's own tensors.
+
+    For devices that are not here: parameters, gradients and AdamW state after one optimiser step (at batch 2),
+    and the bytes autograd saves in one forward at `batch_size`, with the tokenizer's share of them and the group
+    tokens' size when `tokenizer_modules` are named (channel groups and rotation divide those). Nothing is timed
+    for pricing; allocator and kernel workspace of the absent device are not known, so `peak_bytes` counts the
+    four terms only.
+    """
+    dev = torch.device("cpu")
+    torch.manual_seed(0)
+    model = model_factory().train()
+    optimizer = adamw(model.parameters())
+    x, y = make_batch(2)
+    with autocast(precision, dev):
+        loss = loss_fn(model(x), y)
+    loss.backward()
+    optimizer.step()  # AdamW makes its state on the first step
+    sizes = model_sizes(model, optimizer, make_batch(batch_size), precision, dev, loss_fn)
+    footprint = Footprint(batch_size=batch_size, precision=precision, device="cpu (sizes only)",
+                          peak_bytes=counted_peak_bytes(sizes), band_group_sizes=band_group_sizes,
+                          **sizes)  # fmt: skip
+    if tokenizer_modules:
+        measure_tokenizer(footprint, model_factory, make_batch, tokenizer_modules, precision, dev, loss_fn)
+    return footprint
+
+
+def model_sizes(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: tuple[Tensor, Tensor],
+    precision: str,
+    dev: torch.device,
+    loss_fn: Callable[..., Tensor],
+) -> dict[str, Any]:  # ints, typed loosely to unpack into dataclasses with fields of other types too
+    """Parameter count and bytes of parameters, gradients, `optimizer`'s state and one forward's saved activations.
+
+    The optimiser's state is what it holds now (AdamW makes it on its first step); the activations are counted in
+    a forward of `batch` on `dev` under `precision`'s autocast. FSDP's gathered bytes and units come with them.
+    """
+    params = list(model.parameters())
+    counter = SavedTensorCounter(model)
+    x, y = batch
+    with autocast(precision, dev), counter:
+        loss_fn(model(x), y)  # the graph keeps every saved storage alive, so pointers cannot be reused meanwhile
+    return {
+        "param_count": sum(p.numel() for p in params),
+        "param_bytes": sum(p.numel() * p.element_size() for p in params),
+        "grad_bytes": sum(p.numel() * p.element_size() for p in params if p.requires_grad),  # the params' dtype
+        "optimizer_bytes": _unique_bytes(
+            t for state in optimizer.state.values() for t in state.values() if torch.is_tensor(t)
+        ),
+        "activation_bytes": counter.total_bytes,
+        **_fsdp_sizes(model),
+    }
+
+
+def counted_peak_bytes(sizes: dict[str, Any]) -> int:
+    """The peak as the four counted terms of `model_sizes` (no allocator or kernel workspace, which are not known)."""
+    return sum(sizes[k] for k in ("param_bytes", "grad_bytes", "optimizer_bytes", "activation_bytes"))
+
+
+def _fsdp_sizes(model: nn.Module) -> dict[str, int | None]:
+    from hslite.parallel.fsdp_policy import gathered_param_bytes, unit_count
+
+    try:
+        return {"fsdp_gathered_bytes": gathered_param_bytes(model), "fsdp_units": unit_count(model)}
+    except TypeError:  # no wrapping policy for this module: FSDP cannot shard it
+        return {"fsdp_gathered_bytes": None, "fsdp_units": None}
+
+
+def _unique_bytes(tensors: Iterator[Tensor]) -> int:
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    return sum(storages.values())

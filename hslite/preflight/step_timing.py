@@ -1,0 +1,116 @@
+"""Time a model's training step on one device: forward, backward, optimiser and data, and a linear compute model.
+
+`measure_steps` runs a few real steps at the requested batch and at half of it (CUDA events on GPU) and fits
+T(b) = c0 + c1·b to the two; `timed_step` is the one step every timing of the pre-flight repeats.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from hslite.optim import adamw
+from hslite.preflight.footprint import counted_peak_bytes, model_sizes
+from hslite.preflight.formulas import fit_compute_model
+from hslite.preflight.measurements import ProbeResult
+from hslite.preflight.timers import autocast, intervals_seconds, mark, wall_seconds
+
+# Of the probe's time budget, the share the requested batch may spend; the half batch, timed warm, gets the rest.
+FULL_BATCH_SHARE = 0.6
+
+
+def device_label(dev: torch.device) -> str:
+    """`dev` as the probe records it: a GPU with its model name, so a cached probe is not read for another GPU."""
+    return f"{dev} ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else str(dev)
+
+
+def timed_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    x: Tensor,
+    y: Tensor,
+    precision: str,
+    dev: torch.device,
+    loss_fn: Callable[..., Tensor],
+) -> list[float]:
+    """One training step: seconds of forward (with the loss), backward, and the optimiser step with zero_grad."""
+    marks = [mark(dev)]
+    with autocast(precision, dev):
+        loss = loss_fn(model(x), y)
+    marks.append(mark(dev))
+    loss.backward()
+    marks.append(mark(dev))
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    marks.append(mark(dev))
+    return intervals_seconds(marks, dev)
+
+
+def measure_steps(
+    model_factory: Callable[[], nn.Module],
+    make_batch: Callable[[int], tuple[Tensor, Tensor]],
+    batch_size: int,
+    precision: str,
+    dev: torch.device,
+    warmup: int,
+    steps: int,
+    loss_fn: Callable[..., Tensor],
+    deadline: float,
+) -> ProbeResult:
+    """Median step times at `batch_size` and half of it, the fitted c0 + c1·b, and the model's sizes on `dev`.
+
+    Timed steps stop early at `deadline` (time.monotonic()), after one step at each batch at least. The peak is
+    what CUDA's allocator saw on a GPU; elsewhere the sum of the counted terms (`footprint.model_sizes`).
+    """
+    torch.manual_seed(0)
+    model = model_factory().to(dev).train()
+    optimizer = adamw(model.parameters())
+
+    def batch_on_device(b: int) -> tuple[Tensor, Tensor]:
+        x, y = make_batch(b)
+        return x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+
+    def step(x: Tensor, y: Tensor) -> list[float]:
+        return timed_step(model, optimizer, x, y, precision, dev, loss_fn)
+
+    def median_step(b: int, stop_at: float, warmup_steps: int) -> list[float]:
+        x, y = batch_on_device(b)
+        for _ in range(warmup_steps):
+            step(x, y)
+        timed = [step(x, y)]
+        while len(timed) < steps and time.monotonic() < stop_at:
+            timed.append(step(x, y))
+        return [statistics.median(column) for column in zip(*timed, strict=True)]
+
+    data_seconds = statistics.median(wall_seconds(lambda: batch_on_device(batch_size), dev) for _ in range(3))
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    now = time.monotonic()
+    forward_seconds, backward_seconds, optimizer_seconds = median_step(
+        batch_size, now + FULL_BATCH_SHARE * (deadline - now), warmup
+    )
+    gpu_peak_bytes = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None
+    half_batch = batch_size // 2 if batch_size > 1 else 2
+    half_forward, half_backward, _ = median_step(half_batch, deadline, min(warmup, 1))  # kernels are warm by now
+    c0, c1 = fit_compute_model(
+        [batch_size, half_batch], [forward_seconds + backward_seconds, half_forward + half_backward]
+    )
+    sizes = model_sizes(model, optimizer, batch_on_device(batch_size), precision, dev, loss_fn)
+    return ProbeResult(
+        forward_seconds=forward_seconds,
+        backward_seconds=backward_seconds,
+        optimizer_seconds=optimizer_seconds,
+        data_seconds=data_seconds,
+        batch_size=batch_size,
+        precision=precision,
+        threads=torch.get_num_threads(),
+        device=device_label(dev),
+        **sizes,
+        peak_bytes=gpu_peak_bytes if gpu_peak_bytes is not None else counted_peak_bytes(sizes),
+        compute_c0_seconds=c0,
+        compute_c1_seconds_per_sample=c1,
+    )
