@@ -6,6 +6,7 @@ import json
 
 import pytest
 import yaml
+from quick_fit import QUICK_FIT
 
 from hslite.errors import ConfigError
 from hslite.parallel.plan import Plan, startable_devices
@@ -15,15 +16,7 @@ from hslite.recipe.auto_plan import choose_plan, explain, fewest_devices_near_be
 from hslite.recipe.build import config_for_plan, plan_from_config
 from hslite.recipe.config import load_config
 
-QUICK = [
-    "data.scene=synthetic_tiny",
-    "data.eval_batch_size=128",
-    "train.max_epochs=1",
-    "train.limit_test_batches=2",
-    "train.progress=false",
-    "output.save_map=false",
-    "output.save_checkpoint=false",
-]
+QUICK = [*QUICK_FIT, "data.eval_batch_size=128", "train.limit_test_batches=2", "output.save_checkpoint=false"]
 REQUESTED = Plan(batch_size=64)  # quickstart's own layout
 FASTER = Plan(batch_size=32, accumulate=2)  # what auto should train
 SPLITS_BANDS = Plan(devices=2, batch_size=64, chag=2)  # fastest of all, but the 1-D CNN has no band groups to split

@@ -22,17 +22,13 @@ from typing import Any
 import fixtures_data as fx
 import numpy as np
 import pytest
+from quick_fit import NO_PREFLIGHT, QUICK_FIT
 
 from hslite.cli import main
 
 # One fast fit of the default recipe (quickstart): the synthetic 24×24×32 scene, the 1-D CNN on single pixels, one
 # epoch, no pre-flight probes. No recipe= here: the first recipe= on a command line wins, and cases name their own.
-QUICK = [
-    "data.scene=synthetic_tiny",
-    "train.max_epochs=1",
-    "train.progress=false",
-    "preflight.enabled=false",
-]
+QUICK = [*QUICK_FIT, NO_PREFLIGHT]
 GARBAGE = np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes()
 CUBE = fx.tiny_cube(12, 10, 6)
 LABELS = fx.tiny_labels(12, 10, num_classes=3)

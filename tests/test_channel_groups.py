@@ -132,8 +132,14 @@ def _run(worker, world: int, *args) -> None:
 
 @pytest.mark.parametrize(
     "world, chag, batch, rotation",
-    [(2, 2, 8, 0), (4, 4, 8, 0), (4, 2, 8, 0), (4, 4, 6, 0), (4, 4, 3, 0), (2, 2, 8, 2)],
-    ids=["chag2", "chag4", "dp2xchag2", "chag4-uneven-slices", "chag4-an-empty-slice", "chag2-rotation"],
+    [
+        pytest.param(2, 2, 8, 0, id="chag2"),
+        pytest.param(4, 4, 8, 0, id="chag4", marks=pytest.mark.slow),
+        pytest.param(4, 2, 8, 0, id="dp2xchag2", marks=pytest.mark.slow),
+        pytest.param(4, 4, 6, 0, id="chag4-uneven-slices", marks=pytest.mark.slow),
+        pytest.param(4, 4, 3, 0, id="chag4-an-empty-slice", marks=pytest.mark.slow),
+        pytest.param(2, 2, 8, 2, id="chag2-rotation", marks=pytest.mark.slow),
+    ],
 )
 def test_channel_groups_equal_one_process(tmp_path, world, chag, batch, rotation):
     out = tmp_path / "errors.json"
@@ -177,6 +183,7 @@ def _memory_worker(rank: int, world: int, init_file: str, out: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_a_chag4_rank_saves_a_quarter_of_the_activations_at_200_bands(tmp_path):
     out = tmp_path / "bytes.json"
     _run(_memory_worker, 4, str(tmp_path / "init"), str(out))

@@ -86,7 +86,11 @@ def _strategy(kind: str):
     }[kind]()
 
 
-KINDS = ["ddp", "int8", "chag2", "chag2-rotation", "chag2-fp32-hook", "chag2-int8", "chag2-own-model", "fsdp"]
+# chag2 runs in the quick suite: its token exchange and deferred buckets are where ranks' orders once diverged.
+KINDS = [
+    pytest.param(kind, marks=() if kind == "chag2" else pytest.mark.slow, id=kind)
+    for kind in ("ddp", "int8", "chag2", "chag2-rotation", "chag2-fp32-hook", "chag2-int8", "chag2-own-model", "fsdp")
+]
 
 
 @pytest.mark.parametrize("kind", KINDS)

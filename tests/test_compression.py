@@ -154,7 +154,9 @@ def test_the_quantise_timer_leaves_the_collectives_out_and_the_cpu_unsynchronise
     assert state.calls["int8"] == 1 and 0 < state.quantise_seconds < 0.2 and synchronised == []
 
 
-@pytest.fixture(scope="module", params=[2, 4], ids=["2ranks", "4ranks"])
+@pytest.fixture(
+    scope="module", params=[pytest.param(2, id="2ranks"), pytest.param(4, id="4ranks", marks=pytest.mark.slow)]
+)
 def ranks(request, tmp_path_factory):
     out = tmp_path_factory.mktemp("hook") / "ranks.json"
     env = os.environ | {"OMP_NUM_THREADS": "1"}

@@ -13,14 +13,14 @@ import time
 from pathlib import Path
 
 import pytest
+from quick_fit import NO_PREFLIGHT, QUICK_FIT
 
 from hslite.run.checkpoints import load_weights
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
-ARGS = ["recipe=quickstart_cpu2", "data.scene=synthetic_tiny", "data.patch_size=3", "data.batch_size=4",
-        "data.augment=true", "train.max_epochs=12", "train.deterministic=true", "train.progress=false",
-        "output.save_map=false", "preflight.enabled=false", "output.root=runs"]  # fmt: skip
+ARGS = ["recipe=quickstart_cpu2", *QUICK_FIT, NO_PREFLIGHT, "data.patch_size=3", "data.batch_size=4",
+        "data.augment=true", "train.max_epochs=12", "train.deterministic=true", "output.root=runs"]  # fmt: skip
 SCORES = ("OA", "AA", "kappa", "per_class_accuracy", "confusion_matrix", "epochs", "optimizer_steps")
 
 

@@ -56,7 +56,7 @@ def _trace(plan: Plan, out: Path) -> list[dict]:
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(plan.world_size)]
 
 
-@pytest.mark.parametrize("devices", [2, 4])
+@pytest.mark.parametrize("devices", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_fsdp_loss_equals_ddp_over_50_steps_with_one_nth_of_the_parameters_and_optimiser_state(devices, tmp_path):
     ddp = _trace(Plan(devices=devices, batch_size=8), tmp_path / "ddp")
     fsdp = _trace(Plan(devices=devices, batch_size=8, fsdp=True), tmp_path / "fsdp")
@@ -69,6 +69,7 @@ def test_fsdp_loss_equals_ddp_over_50_steps_with_one_nth_of_the_parameters_and_o
         assert shard == pytest.approx(whole / devices, rel=0.1), f"{kind}: {shard} bytes per rank of {whole}"
 
 
+@pytest.mark.slow
 def test_fsdp_bf16_gathers_in_bf16_keeps_fp32_shards_and_tracks_fp32(tmp_path):
     fp32, _ = train(Plan(devices=2, batch_size=8, fsdp=True), epochs=1)
     bf16, _ = train(Plan(devices=2, batch_size=8, fsdp=True, precision="bf16-mixed"), epochs=1)
@@ -81,6 +82,7 @@ def test_fsdp_bf16_gathers_in_bf16_keeps_fp32_shards_and_tracks_fp32(tmp_path):
         assert cosine > 0.9, f"{name}: bf16 FSDP updates point elsewhere than fp32 FSDP's (cosine {cosine:.3f})"
 
 
+@pytest.mark.slow
 def test_fsdp_checkpoint_is_one_whole_file_that_evaluates_on_one_device(tmp_path):
     torch.manual_seed(0)
     task = HSIClassifier(get_model("cnn1d", in_bands=32, num_classes=4, patch_size=3), num_classes=4, lr=1e-2)

@@ -87,6 +87,7 @@ def test_link_for_picks_intra_node_link_inside_a_node_and_inter_node_across():
         topology.link_for(Plan(devices=16, accelerator="gpu"))
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.timeout(60)
 def test_real_two_process_gloo_measurement_is_positive_fast_and_cached(cache_dir):

@@ -26,7 +26,7 @@ def test_registry_lists_every_model_with_a_paper():
     assert all(" et al. 20" in line for line in descriptions.values())
 
 
-@pytest.mark.parametrize("size", ["small", "large"])
+@pytest.mark.parametrize("size", ["small", pytest.param("large", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("name", MODELS)
 def test_forward_shape_and_finite_grads(name, size):
     torch.manual_seed(0)
@@ -192,7 +192,7 @@ def _toy_batch(bands, patch, seed=0):
     return class_spectra[labels][:, :, None, None] + noise, labels
 
 
-@pytest.mark.parametrize(("name", "lr"), [("cnn1d", 1e-2), ("channel_vit", 1e-3)])
+@pytest.mark.parametrize(("name", "lr"), [("cnn1d", 1e-2), pytest.param("channel_vit", 1e-3, marks=pytest.mark.slow)])
 def test_small_models_overfit_a_toy_batch(name, lr):
     torch.manual_seed(0)
     x, labels = _toy_batch(bands=30, patch=9)
