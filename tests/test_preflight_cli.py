@@ -22,6 +22,7 @@ def private_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
 
 
+@pytest.mark.slow
 def test_single_device_plan_is_go(capsys):
     assert main(["preflight", "recipe=quickstart", "preflight.probe_steps=3"]) == 0
     assert "GO" in capsys.readouterr().out
@@ -68,6 +69,7 @@ def test_gpus_not_here_without_a_profile_cannot_be_decided(capsys, monkeypatch):
     assert "preflight.device=NAME" in err and "h100_sxm" in err  # the way to a GO/NO-GO there
 
 
+@pytest.mark.slow
 def test_gpus_not_here_are_priced_from_the_profile_without_compute(capsys, monkeypatch):
     import torch
 

@@ -127,6 +127,7 @@ def test_bf16_autocast_probe_runs_and_bad_precision_is_refused():
         probe_model(linear_stack, make_batch, batch_size=4, precision="fp8")
 
 
+@pytest.mark.slow
 def test_cpu_ranks_contention_is_measured_with_the_ranks_stepping_at_once():
     result = probe_model(linear_stack, make_batch, batch_size=8, precision="32-true", threads=1, steps=2,
                          concurrent_ranks=2)  # fmt: skip

@@ -98,6 +98,7 @@ class ShortDeadline(pl.Callback):
         dist.distributed_c10d._set_pg_timeout(DEADLINE)
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.timeout(300)
 def test_rank_zero_writing_a_checkpoint_longer_than_the_deadline_does_not_end_the_job(tmp_path):

@@ -110,6 +110,7 @@ def _assert_scores_describe_the_test_pixels(metrics: dict) -> None:
     )
 
 
+@pytest.mark.slow
 def test_wheel_holds_every_module_and_finds_recipes_by_name(tmp_path):
     """The recipes live in the top-level recipes/ folder; a wheel must ship them as hslite.recipes, and the C kernel.
 

@@ -68,6 +68,7 @@ def uninterrupted(tmp_path_factory) -> dict:
     return _scores(run)
 
 
+@pytest.mark.slow
 def test_the_same_seed_gives_bitwise_identical_metrics(tmp_path, uninterrupted):
     assert main(["fit", *QUICK, f"output.root={tmp_path}"]) == 0
     (run,) = _runs(tmp_path)
@@ -93,6 +94,7 @@ def test_a_resumed_run_ends_with_the_metrics_of_an_uninterrupted_one(tmp_path, m
     assert not (run / "error.txt").exists() and json.loads((run / "resumed.json").read_text()) == [resumed]
 
 
+@pytest.mark.slow
 def test_resume_refuses_overrides_that_change_the_run(tmp_path, monkeypatch, capsys):
     _crash_at_epoch(monkeypatch, 3)
     with pytest.raises(RuntimeError):
@@ -108,6 +110,7 @@ def test_resume_refuses_overrides_that_change_the_run(tmp_path, monkeypatch, cap
     assert main(["fit", f"resume={run}", "train.progress=false"]) == 0
 
 
+@pytest.mark.slow
 def test_a_checkpoint_of_another_config_is_refused_with_the_fields_that_differ(tmp_path, monkeypatch, capsys):
     _crash_at_epoch(monkeypatch, 3)
     for lr in ("0.003", "0.01"):

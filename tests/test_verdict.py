@@ -255,6 +255,7 @@ def test_superlinear_cpu_efficiency_is_called_out_as_a_disturbed_probe():
     assert verdict.efficiency > 1.2 and any("implausible" in reason for reason in verdict.reasons)
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.timeout(120)
 def test_end_to_end_with_real_probes_and_a_real_two_process_link(tmp_path, monkeypatch):
