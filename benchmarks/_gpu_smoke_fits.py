@@ -1,5 +1,6 @@
 """Sections of benchmarks/gpu_smoke.py that train through Lightning: (b) fits through hslite and its strategies on
-one device, (e) the pre-flight's predictions against those fits. Lines as in _gpu_smoke_sections.py.
+one device, (e) `hslite compare` rows measured on the device: the probe's and a device profile's predictions against
+them. Lines as in _gpu_smoke_sections.py.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from hslite.cli import main as hslite
+from hslite.compare.measure import run_compare
+from hslite.compare.rows import DEFAULT_STEPS, CompareOptions, CompareRow, RowSpec
 from hslite.recipe.config import Config, load_config
 from hslite.run.checkpoints import load_weights
 from hslite.run.training_state import TrainingState
@@ -34,20 +37,20 @@ CALIBRATION_NOTE = (
     "kernel launches (DESIGN §3 roofline). 32-true fits run with TF32 on (parallel.tf32), which the profile prices at "
     "plain FP32: their e to match overstates the FP32 efficiency."
 )
+CALIBRATED = {"fp32": "32-true", "bf16_mixed": "bf16-mixed", "16_mixed": "16-mixed"}  # (e)'s rows, as b's tags
 SCORES = ("OA", "AA", "kappa", "per_class_accuracy", "confusion_matrix", "optimizer_steps", "train_samples")
 
 
 def _quick(ctx: Context) -> list[str]:
-    """The quickstart recipe on this run's device and a scene of the right size for it."""
+    """Overrides of the quickstart recipe for this run's device and a scene of the right size for it."""
     scene = "synthetic_indian_pines" if ctx.cuda else "synthetic_tiny"
-    return ["recipe=quickstart", f"data.scene={scene}", f"parallel.accelerator={ctx.accelerator}",
-            "train.progress=false"]  # fmt: skip
+    return [f"data.scene={scene}", f"parallel.accelerator={ctx.accelerator}", "train.progress=false"]
 
 
 def _fit(ctx: Context, tag: str, overrides: list[str], recipe: str = "quickstart") -> Path:
     """`hslite fit` in this process, into a folder of its own under the scratch folder; its run folder."""
     root = ctx.work / "runs" / tag
-    code = hslite(["fit", *overrides, f"output.root={root}"])
+    code = hslite(["fit", f"recipe={recipe}", *overrides, f"output.root={root}"])
     if code:
         raise SmokeFailure(f"hslite fit exited {code} (its error is in smoke.log)")
     (run,) = sorted((root / recipe).iterdir())
@@ -105,7 +108,6 @@ def check_fits(ctx: Context) -> None:
             runs[tag] = str(run)
             report("PASS", f"b.{tag}", f"{m['plan_that_ran']}: {m['optimizer_steps']} steps, "
                    f"{m['train_samples_per_second']:,.0f} samples/s, test OA {m['OA']:.1%}; {note}")  # fmt: skip
-    (ctx.work / "runs.json").write_text(json.dumps(runs))
     for figure in ("confusion.png", "map.png"):
         if "fp32" in runs and (Path(runs["fp32"]) / figure).is_file():
             shutil.copy(Path(runs["fp32"]) / figure, ctx.out / figure)
@@ -153,14 +155,15 @@ def _fit_with(ctx: Context, cfg: Config, precision: str, strategy: Any) -> dict[
     from hslite.parallel.plan import trainer_kwargs
     from hslite.recipe.build import build_task, plan_from_config, prepared_datamodule
 
-    kwargs = trainer_kwargs(plan_from_config(cfg).with_(precision=precision), progress=False)
+    plan = plan_from_config(cfg)
+    kwargs = trainer_kwargs(plan.with_(precision=precision), progress=False)
     kwargs["callbacks"].append(StrategyProbe())
     trainer = pl.Trainer(**{**kwargs, "strategy": strategy}, max_epochs=1, limit_train_batches=6, limit_val_batches=2,
                          num_sanity_val_steps=0, logger=False, enable_checkpointing=False,
                          default_root_dir=ctx.work / "strategies")  # fmt: skip
     datamodule = prepared_datamodule(cfg)  # a fresh one: a fitted one keeps its trainer, which a spawn would pickle
     try:
-        trainer.fit(build_task(cfg, datamodule), datamodule=datamodule)
+        trainer.fit(build_task(cfg, plan, datamodule), datamodule=datamodule)
     finally:  # an in-process rank leaves its group and its rendezvous variables behind: clear them for the next
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -182,7 +185,7 @@ def check_strategies(ctx: Context) -> None:
     from hslite.parallel.strategies import CompressedDDPStrategy, FencedDDPStrategy
 
     backend = process_group_backend(ctx.accelerator)
-    cfg = load_config(None, [*_quick(ctx), "preflight.enabled=false"])
+    cfg = load_config("quickstart", [*_quick(ctx), "preflight.enabled=false"])
     # hslite spawns its DDP ranks; at one rank "popen" starts none and trains in this process, which keeps the
     # process group's lifetime here. ShardedStrategy spawns its rank, as in every FSDP fit.
     common = {"process_group_backend": backend, "timeout": PROCESS_GROUP_TIMEOUT, "start_method": "popen"}
@@ -218,24 +221,22 @@ def _roofline(summary: dict[str, Any]) -> dict[str, float]:
     }
 
 
-def _calibrate(run: Path, profile: str) -> dict[str, Any]:
-    """The probe's and the profile's predicted step beside the fit's measured one, and the e and launch cost that
-    would have made the profile right."""
+def _calibrate(run: Path, measured: CompareRow, profile: str) -> dict[str, Any]:
+    """A measured compare row's step beside the probe's prediction (the row's) and the profile's roofline, and the
+    e and launch cost that would have made the profile right."""
     from hslite.recipe.gate import check_recipe
 
-    metrics = _metrics(run)
-    measured = metrics["median_batch_seconds"] * metrics["plan"]["accumulate"]  # one optimiser step, as fit reports
-    probe = json.loads((run / "preflight.json").read_text())["measured"]
     cfg = load_config(str(run / "config.yaml"), [f"preflight.device={profile}", "preflight.topology=nvlink_8",
                                                   "parallel.accelerator=gpu"])  # fmt: skip
     verdict = check_recipe(cfg, from_profile=True)
     summary = verdict.compute_profile
-    assert summary is not None
+    assert summary is not None and measured.measured_step_seconds is not None
     roof = _roofline(summary)
     predicted = verdict.predictions[verdict.requested].step_seconds
-    device = measured - (predicted - roof["device_seconds"])  # host parts (gather, loop) as the profile priced them
-    row = {"plan": verdict.requested.describe(), "measured_step_seconds": measured,
-           "probe_step_seconds": probe and probe["predicted_step_seconds"], "profile_step_seconds": predicted,
+    # host parts (gather, loop) as the profile priced them
+    device = measured.measured_step_seconds - (predicted - roof["device_seconds"])
+    row = {"plan": verdict.requested.describe(), "measured_step_seconds": measured.measured_step_seconds,
+           "probe_step_seconds": measured.predicted_step_seconds, "profile_step_seconds": predicted,
            "profile": profile, "efficiency": summary["efficiency"], "launch_us": summary["launch_us"],
            "peak_flops": summary["peak_flops"], **roof, "measured_device_seconds": device}  # fmt: skip
     if device > 0:
@@ -245,35 +246,34 @@ def _calibrate(run: Path, profile: str) -> dict[str, Any]:
 
 
 def check_calibration(ctx: Context) -> None:
-    """(e) Each fit's step against the probe's prediction and against the device profile's roofline."""
-    runs = json.loads((ctx.work / "runs.json").read_text()) if (ctx.work / "runs.json").is_file() else {}
+    """(e) `hslite compare` rows on the device, the quickstart in each precision b fits and HybridSN, the compute-heavy
+    model whose step calibrates e: each measured step against the probe's prediction and the profile's roofline."""
+    tags = CALIBRATED if ctx.cuda else ("fp32",)  # a dry run's CPU step calibrates nothing: one row shows the path
+    rows = [RowSpec(tag, "quickstart", [*_quick(ctx), f"parallel.precision={CALIBRATED[tag]}"]) for tag in tags]
     if ctx.cuda:
-        with checking("e.hybridsn_fit"):
-            overrides = ["recipe=indian_pines_1gpu", "data.scene=synthetic_indian_pines", "parallel.accelerator=gpu",
-                         "parallel.precision=bf16-mixed", "train.max_epochs=2", "train.limit_val_batches=2",
-                         "train.limit_test_batches=2", "train.progress=false", "output.save_map=false",
-                         "output.save_checkpoint=false"]  # fmt: skip
-            runs["hybridsn_bf16"] = str(_fit(ctx, "hybridsn", overrides, "indian_pines_1gpu"))
-            report("PASS", "e.hybridsn_fit", "indian_pines_1gpu on the synthetic Indian Pines in bf16-mixed: HybridSN, "
-                   "the compute-heavy model whose step calibrates e")  # fmt: skip
+        rows.append(RowSpec("hybridsn_bf16", "indian_pines_1gpu", ["data.scene=synthetic_indian_pines",
+                            "parallel.accelerator=gpu", "parallel.precision=bf16-mixed"]))  # fmt: skip
     else:
         report("SKIP", "e.hybridsn_fit", "--dry-run: HybridSN at patch 25 (the compute-heavy model that calibrates "
-               "e) takes minutes per epoch on a CPU")  # fmt: skip
-    if not runs:
-        report("FAIL", "e.runs", "no fit of section b finished: nothing to compare")
+               "e) takes minutes per epoch on a CPU; e.fp32 alone shows the path")  # fmt: skip
+    options = CompareOptions(rows, [f"output.root={ctx.work / 'compare'}"], measure=True,
+                             steps=DEFAULT_STEPS if ctx.cuda else 5, reference=False)  # fmt: skip
+    measured, folder = run_compare(options, progress=print)  # progress goes to smoke.log
     profile = "h200"
     if ctx.cuda:
         from hslite.preflight.device_profile import device_for_gpu
 
         profile = device_for_gpu(torch.cuda.get_device_name(0)) or profile
-    rows = []
-    for tag, run in runs.items():
-        with checking(f"e.{tag}"):
-            row = _calibrate(Path(run), profile)
-            rows.append({"fit": tag, **row})
+    calibrations = []
+    for fit in measured:
+        with checking(f"e.{fit.label}"):
+            if fit.measured_step_seconds is None:
+                raise SmokeFailure(f"the compare row was not measured: {fit.failure}")
+            row = _calibrate(folder / str(fit.run_dir), fit, profile)
+            calibrations.append({"fit": fit.label, **row})
             dry = " [dry run: a CPU step against a GPU profile means nothing; the path runs]"
-            report("PASS", f"e.{tag}", _calibration_line(row) + ("" if ctx.cuda else dry))
-    ctx.save("calibration", {"profile": profile, "rows": rows, "note": CALIBRATION_NOTE})
+            report("PASS", f"e.{fit.label}", _calibration_line(row) + ("" if ctx.cuda else dry))
+    ctx.save("calibration", {"profile": profile, "rows": calibrations, "note": CALIBRATION_NOTE})
 
 
 def _calibration_line(row: dict[str, Any]) -> str:

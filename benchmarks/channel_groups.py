@@ -8,7 +8,7 @@ groups aligned to VIS/NIR/SWIR-1/SWIR-2, as recipe indian_pines_8gpu_chag), one 
 (dp = 1). For each chag:
   predicted  the real pre-flight (`check_recipe`) of that plan: step seconds, activation bytes per rank (its
              memory breakdown) and the channel-group bytes per step (Prediction.chag_bytes_per_step);
-  measured   step seconds of a short `fit` of the same plan (median batch, as benchmarks/preflight_fidelity.py),
+  measured   step seconds of a short `hslite fit` of the same plan (median batch; an `hslite compare` row),
              and in chag spawned gloo ranks the same model on one training batch: the most bytes a rank saves
              for backward (what the probe counts as activations; ranks own regions of different sizes) and the
              bytes a rank's group-token exchange (all-to-all, forward and backward) writes per step.
@@ -77,19 +77,22 @@ def main() -> int:
     parser.add_argument("--groups", type=int, default=8, help="band groups (model.band_groups)")
     args = parser.parse_args()
 
-    from preflight_fidelity import RECIPE_FOR_DEVICES, Bench, Case
+    from preflight_fidelity import COMMON_OVERRIDES, RECIPE_FOR_DEVICES, STEPS, Case
 
+    from hslite.compare.measure import run_compare
+    from hslite.compare.rows import CompareOptions, RowSpec
     from hslite.recipe.build import prepared_datamodule
+    from hslite.recipe.config import load_config
     from hslite.recipe.gate import check_recipe, training_batches
 
-    rows = []
+    rows, fits = [], []
     with tempfile.TemporaryDirectory(prefix="hslite-chag-") as tmp:
         root = Path(tmp)
-        bench = Bench(root, fresh=False)
+        shared = [*COMMON_OVERRIDES, f"output.root={root}"]
         for chag in CHAGS:
             case = Case("channel_vit", "small", chag, args.batch, chag=chag, patch_size=args.patch)
             overrides = [*case.overrides(), f"model.band_groups={args.groups}"]
-            cfg = bench.config(RECIPE_FOR_DEVICES[chag], overrides)
+            cfg = load_config(RECIPE_FOR_DEVICES[chag], [*shared, *overrides])
             verdict = check_recipe(cfg)
             predicted = verdict.predictions[verdict.requested]
             datamodule = prepared_datamodule(cfg)
@@ -101,8 +104,14 @@ def main() -> int:
                 "num_groups": args.groups,
             }
             ranks = measure_ranks(chag, model_kwargs, training_batches(datamodule, 0)(args.batch), root)
-            measured_seconds, _ = bench.measure(RECIPE_FOR_DEVICES[chag], overrides, (str(chag),))
-            rows.append((chag, predicted, measured_seconds, ranks))
+            fits.append(RowSpec(f"chag={chag}", RECIPE_FOR_DEVICES[chag], overrides))
+            rows.append((chag, predicted, ranks))
+        # each plan's step time: a short `hslite fit` of it, measured as `hslite compare` measures
+        measured, _ = run_compare(CompareOptions(fits, shared, measure=True, steps=STEPS, reference=False))
+    failed = [f"{row.label}: {row.failure}" for row in measured if row.measured_step_seconds is None]
+    if failed:
+        print("fit failed: " + "; ".join(failed))
+        return 1
 
     print(f"channel_vit small, {model_kwargs['in_bands']} bands in {args.groups} groups, patch {args.patch}, "
           f"batch {args.batch} per step, dp 1, gloo ranks on this machine")  # fmt: skip
@@ -110,12 +119,13 @@ def main() -> int:
               f"{'meas act MB':>11}  {'pred exch MB':>12}  {'meas exch MB':>12}")  # fmt: skip
     print(header)
     print("-" * len(header))
-    for chag, predicted, measured_seconds, ranks in rows:
+    for (chag, predicted, ranks), fit in zip(rows, measured, strict=True):
+        measured_seconds = fit.measured_step_seconds
         error = (predicted.step_seconds - measured_seconds) / measured_seconds
         print(f"{chag:>4}  {predicted.step_seconds:>11.4f}  {measured_seconds:>11.4f}  {error:>+5.0%}  "
               f"{predicted.memory_breakdown_bytes['activations'] / 1e6:>11.2f}  {ranks['saved'] / 1e6:>11.2f}  "
               f"{predicted.chag_bytes_per_step / 1e6:>12.3f}  {ranks['received'] / 1e6:>12.3f}")  # fmt: skip
-    saved = {chag: ranks["saved"] for chag, _, _, ranks in rows}
+    saved = {chag: ranks["saved"] for chag, _, ranks in rows}
     print(f"chag=4 activation memory: {saved[4] / saved[1]:.0%} of chag=1")
     return 0
 

@@ -65,8 +65,9 @@ def _cmd_preflight(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from hslite.compare.measure import parse_options, run_compare  # torch and Lightning only once every config is valid
+    from hslite.compare.measure import run_compare  # torch and Lightning only once every config is valid
     from hslite.compare.report import print_compare
+    from hslite.compare.rows import parse_options
 
     options = parse_options(args.overrides)
     rows, folder = run_compare(options, progress=lambda line: print(line, file=sys.stderr))
@@ -162,7 +163,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the full report as JSON instead of a table")
     p = add("compare", _cmd_compare, "several recipes side by side: predicted and (measure=true) measured")
     p.add_argument(
-        "overrides", nargs="*", metavar="key=value", help="recipes=A,B,... [measure=true steps=N auto=RECIPE] k=v"
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="recipes=A,B,... and/or rows=FILE.yaml [measure=true steps=N auto=R reference=false] k=v",
     )
     p.add_argument("--json", action="store_true", help="print the comparison as JSON instead of a table")
     p = add("predict", _cmd_predict, "map a cube with a finished run: prediction.tif, map.png, probabilities")

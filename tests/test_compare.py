@@ -9,8 +9,9 @@ import pytest
 from test_auto_plan import prediction
 
 from hslite.cli import main
-from hslite.compare.measure import CompareRow, _relate, parse_options
-from hslite.compare.report import median_abs_error
+from hslite.compare.measure import _best_single_plan, _entry, _references, _relate, _workload, run_compare
+from hslite.compare.report import median_abs_error, summary_line
+from hslite.compare.rows import CompareOptions, CompareRow, RowSpec, parse_options
 from hslite.errors import ConfigError
 from hslite.parallel.plan import Plan
 from hslite.parallel.usage import malloc_in_use_bytes
@@ -29,21 +30,81 @@ def fake_check_recipe(cfg):
     return decide(plan, {single: prediction(single, 0.010), plan: prediction(plan, 0.010 + 0.005 * (plan.dp > 1))})
 
 
-def test_options_split_compare_keys_from_the_overrides_every_recipe_gets():
+def test_options_split_compare_keys_from_the_overrides_every_row_gets(tmp_path):
     options = parse_options(["recipes=compare_cpu_*,quickstart", "measure=true", "steps=7", "train.lr=0.01"])
-    assert options.recipes == sorted(r for r in list_recipes() if r.startswith("compare_cpu_")) + ["quickstart"]
-    assert len(options.recipes) == 8 and options.overrides == ["train.lr=0.01"]
-    assert options.measure and options.steps == 7 and options.auto is None
-    assert parse_options(["recipes=quickstart", "auto=quickstart"]).auto == "quickstart"
+    names = sorted(r for r in list_recipes() if r.startswith("compare_cpu_")) + ["quickstart"]
+    assert options.rows == [RowSpec(None, name) for name in names] and len(names) == 8
+    assert options.overrides == ["train.lr=0.01"] and options.measure and options.steps == 7 and options.reference
+    matrix = tmp_path / "matrix.yaml"
+    matrix.write_text("- {label: dp2 b16, recipe: quickstart_cpu2, overrides: [data.batch_size=16]}\n")
+    options = parse_options(["recipes=quickstart", f"rows={matrix}", "auto=quickstart", "reference=false"])
+    assert options.rows == [
+        RowSpec(None, "quickstart"),
+        RowSpec("dp2 b16", "quickstart_cpu2", ["data.batch_size=16"]),
+        RowSpec(None, "quickstart", ["parallel.plan=auto"]),
+    ]
+    assert not options.reference and not options.measure
     for bad, message in [
-        (["train.lr=0.01"], "needs recipes="),
+        (["train.lr=0.01"], "needs recipes=A,B,... .* or rows=FILE.yaml"),
         (["recipes=nothing_like_this*"], "no recipe matches"),
         (["recipes=quickstart", "recipe=quickstart"], "not recipe="),
         (["recipes=quickstart", "steps=0"], "steps must be"),
-        (["recipes=quickstart", "measure=yes"], "measure must be"),
+        (["recipes=quickstart", "measure=yes"], "measure must be true or false, got 'yes'"),
+        (["recipes=quickstart", "reference=no"], "reference must be true or false, got 'no'"),
     ]:
         with pytest.raises(ConfigError, match=message):
             parse_options(bad)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (None, "does not exist .*check the path"),
+        ("- {label: a, recipe: [", "is not valid YAML .*fix it there"),
+        ("label: a\nrecipe: quickstart\n", "must be a non-empty YAML list of rows such as .*, got \\{'label'"),
+        ("[]", "must be a non-empty YAML list"),
+        ("- quickstart\n", "entry 1 is 'quickstart', not a mapping: write it as"),
+        ("- {label: a, recipe: quickstart}\n- {label: b, recipe: quickstart, override: [x=1]}\n",
+         "entry 2 has unknown key\\(s\\) override: a row takes label, recipe, overrides"),
+        ("- {recipe: quickstart}\n", "entry 1 has label None: give it a non-empty text label"),
+        ("- {label: a, recipe: 3}\n", "entry 1 \\(a\\) has recipe 3: name a recipe"),
+        ("- {label: a, recipe: quickstart, overrides: data.batch_size=8}\n", "entry 1 \\(a\\) has overrides 'data"),
+        ("- {label: a, recipe: quickstart, overrides: [batch]}\n", "list of key=value texts"),
+    ],
+)  # fmt: skip
+def test_a_rows_file_mistake_is_one_sentence_naming_the_file_and_the_entry(tmp_path, text, message):
+    path = tmp_path / "rows.yaml"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(ConfigError, match=message) as caught:
+        parse_options([f"rows={path}"])
+    assert str(caught.value).startswith(f"rows file {path}")
+    assert str(caught.value).count(". ") == 0 and str(caught.value).endswith(".")  # one sentence
+
+
+def test_labels_are_unique_and_a_rows_own_overrides_follow_the_shared_ones(tmp_path, monkeypatch, capsys):
+    from hslite.recipe import gate
+
+    monkeypatch.setattr(gate, "check_recipe", fake_check_recipe)
+    for rows, named in [
+        ([RowSpec("same", "quickstart"), RowSpec("same", "quickstart_cpu2")], "labelled 'same'"),
+        ([RowSpec(None, "quickstart"), RowSpec("quickstart", "quickstart")], "labelled 'quickstart'"),  # its name
+        ([RowSpec("x (reference)", "quickstart")], "rename it"),
+    ]:
+        with pytest.raises(ConfigError, match=named):
+            run_compare(CompareOptions(rows, [f"output.root={tmp_path}"]))
+    assert not (tmp_path / "compare").exists()  # refused before any work
+    with pytest.raises(ConfigError, match="row 'typo': unknown key 'data.batchsize'"):
+        run_compare(CompareOptions([RowSpec("typo", "quickstart", ["data.batchsize=8"])]))
+
+    matrix = tmp_path / "matrix.yaml"
+    matrix.write_text("- {label: one b32, recipe: quickstart, overrides: [data.batch_size=32]}\n"
+                      "- {label: dp2 b16, recipe: quickstart_cpu2, overrides: [data.batch_size=16]}\n")  # fmt: skip
+    # the shared data.batch_size=8 comes first, so each row's own batch wins
+    assert main(["compare", f"rows={matrix}", "data.batch_size=8", f"output.root={tmp_path}", "--json"]) == 0
+    one, dp2 = json.loads(capsys.readouterr().out)["rows"]
+    assert (one["label"], one["plan"]) == ("one b32", "1×cpu dp1 b32 acc1 32-true")
+    assert (dp2["label"], dp2["plan"]) == ("dp2 b16", "2×cpu dp2 b16 acc1 32-true")
 
 
 def test_predicted_comparison_writes_csv_json_png_and_keeps_a_failing_recipe_as_a_row(tmp_path, monkeypatch, capsys):
@@ -78,29 +139,100 @@ def test_predicted_comparison_writes_csv_json_png_and_keeps_a_failing_recipe_as_
     assert "1×cpu dp1 b64 acc1 32-true" in out and "median prediction error" not in out and "compare.png" in out
 
 
-def test_measured_efficiency_is_against_the_best_measured_single_device_and_the_median_error_over_measured_rows():
+def test_measured_efficiency_is_against_the_best_measured_single_device_of_the_same_work():
     rows = [
         CompareRow("a", world_size=1, measured_ecd=80.0, error=-0.3),
         CompareRow("b", world_size=1, measured_ecd=100.0, error=0.1),
         CompareRow("c", world_size=2, measured_ecd=60.0, error=0.5),
         CompareRow("d", failure="it broke"),
+        CompareRow("vit", world_size=1, measured_ecd=500.0),  # another model: another reference
+        CompareRow("vit dp2", world_size=2, measured_ecd=100.0),
     ]
-    _relate(rows)
-    assert [row.measured_efficiency for row in rows] == [0.8, 1.0, 0.6, None]
+    _relate(rows, ["cnn", "cnn", "cnn", None, "vit", "vit"])
+    assert [row.measured_efficiency for row in rows] == [0.8, 1.0, 0.6, None, 1.0, 0.2]
+    assert [row.reference for row in rows] == ["b", "b", "b", None, "vit", "vit"]
     assert median_abs_error(rows) == pytest.approx(0.3)
-    assert median_abs_error(rows[3:]) is None
+    assert median_abs_error(rows[3:4]) is None
+
+
+def _report(plan, decision, step_seconds, measured_seconds, min_efficiency=0.5, best_single=None):
+    """A made-up preflight.json of a finished run: its verdict, prediction and measured step."""
+    return {"requested_plan": plan.to_dict(), "decision": decision, "efficiency": 0.6, "min_efficiency": min_efficiency,
+            "best_single": best_single, "requested_prediction": prediction(plan, step_seconds).to_dict(),
+            "measured": {"step_seconds": measured_seconds,
+                         "relative_error": (step_seconds - measured_seconds) / measured_seconds}}  # fmt: skip
+
+
+def _measured_row(label, report):
+    row = CompareRow(label)
+    row.add_prediction(report)
+    row.add_measurement(report, {"usage": {}, "plan_that_ran": ""})
+    return row
+
+
+def test_a_verdict_holds_when_go_and_the_measured_efficiency_fall_on_the_same_side_of_its_threshold():
+    single, dp2 = Plan(batch_size=64), Plan(devices=2, batch_size=32)
+    one = _measured_row("one", _report(single, "GO", 0.010, 0.010))  # ECD 6400
+    # dp2 measured at 16 ms a step of 64: ECD 2000, E 0.3125; at 8 ms: ECD 4000, E 0.625
+    cases = [("GO", 0.016), ("NO-GO", 0.016), ("GO", 0.008), ("NO-GO", 0.008)]
+    rows = [one] + [
+        _measured_row(f"{decision} {seconds}", _report(dp2, decision, 0.01, seconds)) for decision, seconds in cases
+    ]
+    rows.append(_measured_row("undecided", _report(dp2, "UNDECIDED", 0.01, 0.008)))
+    rows.append(_measured_row("stricter", _report(dp2, "GO", 0.01, 0.008, min_efficiency=0.7)))  # 0.625 < 0.7
+    _relate(rows, ["w"] * len(rows))
+    assert [row.measured_efficiency for row in rows[1:5]] == pytest.approx([0.3125, 0.3125, 0.625, 0.625])
+    assert [row.verdict_holds for row in rows] == [None, False, True, True, False, None, False]
+    assert summary_line(rows).endswith("; verdict held on 2 of 5 multi-device rows (GO iff measured E ≥ 0.5/0.7)")
+    unmeasured = _measured_row("crashed", _report(dp2, "GO", 0.01, 0.008))
+    _relate([unmeasured], [None])  # no one-device row of its work was measured: nothing to judge
+    assert unmeasured.measured_efficiency is None and unmeasured.verdict_holds is None
+    assert summary_line([one, unmeasured]).endswith("no multi-device row's verdict could be checked")
+
+
+def test_a_multi_device_row_gets_a_reference_row_for_its_verdicts_best_single_device_plan(tmp_path):
+    best = Plan(batch_size=32, accumulate=2, precision="bf16-mixed")  # what each made-up verdict names
+    dp2 = _entry("dp2", "quickstart", ["parallel.devices=2", "data.batch_size=32"], measure=True)
+    dp4 = _entry("dp4", "quickstart", ["parallel.devices=4", "data.batch_size=16"], measure=True)  # same work as dp2
+    vit = _entry("vit dp2", "quickstart", [*dp2.overrides, "model.name=channel_vit"], measure=True)
+    auto = _entry(None, "quickstart", [*dp2.overrides, "train.lr=0.01", "parallel.plan=auto"], measure=True)
+    assert _workload(dp2.cfg) == _workload(dp4.cfg) != _workload(vit.cfg)
+    rows = []
+    for entry in (dp2, dp4, vit, auto):
+        report = _report(plan_from_config(entry.cfg), "NO-GO", 0.01, 0.02, best_single=best.describe())
+        (tmp_path / entry.label).mkdir()
+        (tmp_path / entry.label / "preflight.json").write_text(json.dumps(report))
+        rows.append(_measured_row(entry.label, report))
+        rows[-1].run_dir = entry.label
+    assert _best_single_plan(report) == best
+    added = _references([dp2, dp4, vit, auto], rows, tmp_path)
+    assert [entry.label for entry in added] == [
+        "dp2 (reference)",
+        "vit dp2 (reference)",
+        "quickstart (auto) (reference)",
+    ]
+    for entry, model in zip(added, ("cnn1d", "channel_vit", "cnn1d"), strict=True):
+        assert plan_from_config(entry.cfg) == best and entry.cfg.model.name == model
+        assert entry.cfg.parallel.plan == "manual" and entry.cfg.preflight.enforce is False  # measured as it is
+    assert added[2].cfg.train.lr == 0.01
+
+    one = _entry("one", "quickstart", ["data.batch_size=32", "parallel.accumulate=2", "parallel.precision=bf16-mixed"],
+                 measure=True)  # fmt: skip
+    assert _references([one, dp2], [_measured_row("one", _report(best, "GO", 0.01, 0.01)), rows[0]], tmp_path) == []
+    unmeasured = CompareRow("dp2", world_size=2, best_single=best.describe(), failure="crashed")
+    assert _references([dp2], [unmeasured], tmp_path) == []
 
 
 def test_a_measured_row_reads_the_run_and_labels_its_bytes():
     plan = Plan(devices=2, batch_size=32, compression="int8")
-    report = {"requested_plan": plan.to_dict(), "decision": "NO-GO", "efficiency": 0.4,
-              "requested_prediction": prediction(plan, 0.02).to_dict(),
-              "measured": {"step_seconds": 0.025, "relative_error": -0.2}}  # fmt: skip
+    report = _report(plan, "NO-GO", 0.02, 0.025)
     usage = {"peak_memory_bytes": 5 * 2**20, "peak_memory_method": "malloc", "counted_bytes_per_step": 1e5}
     row = CompareRow("int8")
     row.add_prediction(report)
     row.add_measurement(report, {"usage": {**usage, "computed_bytes_per_step": 0.0}, "plan_that_ran": ""})
-    assert (row.measured_samples_per_second, row.measured_ecd, row.error) == (64 / 0.025, 32 / 0.025, -0.2)
+    assert (row.measured_samples_per_second, row.measured_ecd, row.error) == pytest.approx(
+        (64 / 0.025, 32 / 0.025, -0.2)
+    )
     assert (row.comm_bytes_per_step, row.comm_bytes_source, row.measured_memory_bytes) == (1e5, "counted", 5 * 2**20)
     changed = CompareRow("guarded")
     changed.add_measurement({**report, "measured": None}, {"plan_that_ran": "2×cpu dp2 b32 acc1 32-true bf16"})
@@ -124,20 +256,33 @@ def test_cpu_memory_is_what_malloc_has_handed_out_and_not_taken_back():
 @pytest.mark.timeout(400)
 def test_measured_comparison_of_one_and_two_processes(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the runs' own pre-flights measure afresh
-    code = main(["compare", "recipes=quickstart,quickstart_cpu2", "measure=true", "steps=3", *QUICK,
-                 f"output.root={tmp_path}"])  # fmt: skip
+    matrix = tmp_path / "rows.yaml"  # one recipe, two layouts: the rows differ only in their overrides
+    dp2 = "[parallel.devices=2, data.batch_size=32]"
+    matrix.write_text(f"- {{label: one, recipe: quickstart}}\n- {{label: dp2, recipe: quickstart, overrides: {dp2}}}\n")
+    code = main(["compare", f"rows={matrix}", "measure=true", "steps=3", *QUICK, f"output.root={tmp_path}"])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert "median prediction error:" in out
     (folder,) = (tmp_path / "compare").iterdir()
-    one, two = json.loads((folder / "compare.json").read_text())["rows"]
-    for row in (one, two):
+    rows = json.loads((folder / "compare.json").read_text())["rows"]
+    one, two, *reference = rows
+    for row in rows:
         assert row["failure"] is None and row["measured_step_seconds"] > 0
         assert row["error"] == pytest.approx((row["predicted_step_seconds"] - row["measured_step_seconds"]) /
                                              row["measured_step_seconds"])  # fmt: skip
         assert row["measured_memory_bytes"] > 0 and (folder / row["run_dir"] / "metrics.json").is_file()
-    assert one["measured_efficiency"] == 1.0 and one["comm_bytes_per_step"] is None  # one process sends nothing
+    assert one["comm_bytes_per_step"] is None and one["verdict_holds"] is None  # one process: nothing sent, GO by rule
     assert two["measured_ecd"] == pytest.approx(64 / two["measured_step_seconds"] / 2)
+    # dp2's verdict priced its E against a best single-device plan: `one`, or a reference row that fitted it.
+    if two["best_single"] == one["plan"]:
+        assert reference == []
+    else:
+        assert [(r["label"], r["plan"]) for r in reference] == [("dp2 (reference)", two["best_single"])]
+    best = max((r for r in rows if r["world_size"] == 1), key=lambda r: r["measured_ecd"])
+    assert two["reference"] == best["label"] and best["measured_efficiency"] == 1.0
+    assert two["measured_efficiency"] == pytest.approx(two["measured_ecd"] / best["measured_ecd"])
+    assert two["decision"] in ("GO", "NO-GO") and two["min_efficiency"] == 0.5
+    assert two["verdict_holds"] == ((two["decision"] == "GO") == (two["measured_efficiency"] >= 0.5))
+    assert f"verdict held on {int(two['verdict_holds'])} of 1 multi-device rows (GO iff measured E ≥ 0.5)" in out
     metrics = json.loads((folder / two["run_dir"] / "metrics.json").read_text())
     assert metrics["plan"]["devices"] == 2 and not (folder / two["run_dir"] / "checkpoints").exists()
     # Plain DDP all-reduces its fp32 gradients once per optimiser step: the ring formula, labelled as computed.

@@ -16,7 +16,7 @@ from hslite.preflight.verdict import gib
 from hslite.run.outputs import write_json
 
 if TYPE_CHECKING:
-    from hslite.compare.measure import CompareOptions, CompareRow
+    from hslite.compare.rows import CompareOptions, CompareRow
 
 BYTES_NOTE = (
     "comm_bytes_per_step: bytes one rank sends per optimiser step; 'counted' from the tensors hslite hands to "
@@ -31,8 +31,26 @@ def median_abs_error(rows: list[CompareRow]) -> float | None:
     return statistics.median(errors) if errors else None
 
 
+def verdict_tally(rows: list[CompareRow]) -> tuple[int, int, list[float]]:
+    """(rows whose verdict held, rows whose verdict was checked, the thresholds those verdicts used)."""
+    checked = [row for row in rows if row.verdict_holds is not None]
+    thresholds = sorted({row.min_efficiency for row in checked if row.min_efficiency is not None})
+    return sum(bool(row.verdict_holds) for row in checked), len(checked), thresholds
+
+
+def summary_line(rows: list[CompareRow]) -> str:
+    """A measured comparison in one line: the median step-time error and how many verdicts the measurement bore out."""
+    median = median_abs_error(rows)
+    line = "median prediction error: " + ("n/a (no plan was measured)" if median is None else f"{median:.0%}")
+    held, checked, thresholds = verdict_tally(rows)
+    if not checked:
+        return line + "; no multi-device row's verdict could be checked"
+    threshold = "/".join(f"{value:g}" for value in thresholds)
+    return line + f"; verdict held on {held} of {checked} multi-device rows (GO iff measured E ≥ {threshold})"
+
+
 def write_reports(folder: Path, rows: list[CompareRow], options: CompareOptions) -> None:
-    """compare.csv (one row per recipe), compare.json (the same with the settings) and compare.png."""
+    """compare.csv (one line per row), compare.json (the same with the settings) and compare.png."""
     with (folder / "compare.csv").open("w", newline="") as out:
         writer = csv.DictWriter(out, fieldnames=[f.name for f in fields(rows[0])])
         writer.writeheader()
@@ -43,9 +61,12 @@ def write_reports(folder: Path, rows: list[CompareRow], options: CompareOptions)
 
 def compare_json(rows: list[CompareRow], options: CompareOptions) -> dict[str, Any]:
     """The comparison as one JSON document (compare.json; --json prints it with the folder)."""
+    held, checked, _ = verdict_tally(rows)
     return {
         "options": asdict(options),
         "median_abs_error": median_abs_error(rows),
+        "verdicts_held": held,
+        "verdicts_checked": checked,
         "memory_methods": sorted({row.memory_method for row in rows if row.memory_method}),
         "bytes_note": BYTES_NOTE,
         "rows": [asdict(row) for row in rows],
@@ -67,11 +88,14 @@ def _bytes(value: float | None) -> str:
 def render_table(rows: list[CompareRow], measured: bool) -> Table:
     """Rows side by side; measured columns only when the runs were measured."""
     table = Table(title="hslite compare" + (" (predicted vs measured)" if measured else " (predicted)"))
-    columns = ["recipe", "plan", "pre-flight", "step ms"]
-    columns += ["meas ms", "error", "samples/s", "ECD", "meas ECD", "E meas"] if measured else ["samples/s", "ECD", "E"]
-    columns += ["mem/device", "meas mem", "comm/step"] if measured else ["mem/device"]
+    columns = ["row", "plan", "pre-flight", "step ms"]
+    if measured:
+        columns += ["meas ms", "error", "samples/s", "ECD", "meas ECD", "E", "E meas", "holds"]
+        columns += ["mem/device", "meas mem", "comm/step"]
+    else:
+        columns += ["samples/s", "ECD", "E", "mem/device"]
     for name in columns:
-        table.add_column(name, justify="left" if name in ("recipe", "plan") else "right")
+        table.add_column(name, justify="left" if name in ("row", "plan") else "right")
     for row in rows:
         if row.failure and row.plan is None:
             table.add_row(row.label, f"[red]failed:[/red] {row.failure}", *["—"] * (len(columns) - 2))
@@ -80,7 +104,9 @@ def render_table(rows: list[CompareRow], measured: bool) -> Table:
         if measured:
             comm = "—" if row.comm_bytes_per_step is None else f"{gib(row.comm_bytes_per_step)} {row.comm_bytes_source}"
             cells += [_ms(row.measured_step_seconds), _num(row.error, "+.0%"), _num(row.measured_samples_per_second)]
-            cells += [_num(row.predicted_ecd), _num(row.measured_ecd), _num(row.measured_efficiency, ".2f")]
+            holds = "—" if row.verdict_holds is None else ("yes" if row.verdict_holds else "no")
+            cells += [_num(row.predicted_ecd), _num(row.measured_ecd), _num(row.predicted_efficiency, ".2f")]
+            cells += [_num(row.measured_efficiency, ".2f"), holds]
             cells += [_bytes(row.predicted_memory_bytes), _bytes(row.measured_memory_bytes), comm]
         else:
             cells += [_num(row.predicted_samples_per_second), _num(row.predicted_ecd)]
@@ -89,25 +115,29 @@ def render_table(rows: list[CompareRow], measured: bool) -> Table:
     return table
 
 
-def print_compare(rows: list[CompareRow], options: CompareOptions, folder: Path, as_json: bool = False) -> None:
-    """The table, the median prediction error (measure=true) and where the files are; or the JSON alone."""
+def print_table(rows: list[CompareRow], measured: bool) -> None:
+    """The table on stdout, as wide as it needs in a log or a pipe."""
     from rich.console import Console
 
+    console = Console()
+    if not console.is_terminal:  # a log or a pipe: rich's 80 columns would fold every row of the wide table
+        console = Console(width=400)  # a table is only as wide as its cells: this is room, not padding
+    console.print(render_table(rows, measured))
+
+
+def print_compare(rows: list[CompareRow], options: CompareOptions, folder: Path, as_json: bool = False) -> None:
+    """The table, the summary line (measure=true) and where the files are; or the JSON alone."""
     if as_json:
         print(json.dumps({"folder": str(folder), **compare_json(rows, options)}, indent=2, default=str))
         return
-    console = Console()
-    if not console.is_terminal:  # a log or a pipe: rich's 80 columns would fold every row of the wide table
-        console = Console(width=200)
-    console.print(render_table(rows, options.measure))
+    print_table(rows, options.measure)
     if options.measure:
-        median = median_abs_error(rows)
-        print("median prediction error: " + ("n/a (no plan was measured)" if median is None else f"{median:.0%}"))
+        print(summary_line(rows))
     print(f"written: {folder}/compare.csv, compare.json, compare.png")
 
 
 def plot_compare(path: Path, rows: list[CompareRow]) -> None:
-    """Per recipe: predicted vs measured ECD, and predicted vs measured memory per device, bars side by side."""
+    """Per row: predicted vs measured ECD, and predicted vs measured memory per device, bars side by side."""
     import matplotlib
 
     matplotlib.use("Agg")
