@@ -24,7 +24,8 @@ from torch.nn.parallel import DistributedDataParallel
 from hslite.cli import main as hslite
 from hslite.compare.measure import run_compare
 from hslite.compare.rows import DEFAULT_STEPS, CompareOptions, CompareRow, RowSpec
-from hslite.recipe.config import Config, load_config
+from hslite.recipe.config import load_config
+from hslite.recipe.schema import Config
 from hslite.run.checkpoints import load_weights
 from hslite.run.training_state import TrainingState
 

@@ -76,7 +76,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_recipes(args: argparse.Namespace) -> int:
-    from hslite.recipe.config import list_recipes, valid_keys
+    from hslite.recipe.config import list_recipes
+    from hslite.recipe.schema import valid_keys
 
     if args.keys:
         print("\n".join(valid_keys()))

@@ -10,7 +10,8 @@ import pytest
 
 from hslite.cli import main
 from hslite.errors import ConfigError
-from hslite.recipe.config import Config, list_recipes, load_config, valid_keys
+from hslite.recipe.config import list_recipes, load_config
+from hslite.recipe.schema import Config, valid_keys
 
 EXPECTED_RECIPES = {
     "quickstart",

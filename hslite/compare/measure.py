@@ -40,7 +40,8 @@ from hslite.compare.rows import REFERENCE_SUFFIX, CompareOptions, CompareRow, ch
 from hslite.errors import ConfigError, HSLiteError
 from hslite.parallel.plan import Plan
 from hslite.preflight.candidates import candidate_plans
-from hslite.recipe.config import Config, ParallelConfig, load_config
+from hslite.recipe.config import load_config
+from hslite.recipe.schema import Config, ParallelConfig
 from hslite.run.folder import RunFolder
 
 WARMUP_STEPS = 2  # before them: lazy initialisation, DDP's first single-bucket step, the optimiser state's allocation

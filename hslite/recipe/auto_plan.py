@@ -30,8 +30,8 @@ from hslite.recipe.build import (
     plan_from_config,
     prepared_datamodule,
 )
-from hslite.recipe.config import Config
 from hslite.recipe.gate import PreflightRefused, preflight_check
+from hslite.recipe.schema import Config
 
 
 @dataclass

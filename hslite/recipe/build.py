@@ -18,7 +18,7 @@ from hslite.models import get_model, has_band_groups
 from hslite.models.band_groups import spectral_band_groups
 from hslite.parallel.plan import Plan, resolve_accelerator
 from hslite.parallel.rotation import DEFAULT_GROUPS, RotationSchedule, check_rotation
-from hslite.recipe.config import Config
+from hslite.recipe.schema import Config
 from hslite.task import HSIClassifier
 
 

@@ -1,15 +1,14 @@
-"""Typed recipe schema, recipe loading and `key=value` overrides.
+"""Recipe loading and `key=value` overrides, onto the schema of `recipe.schema`.
 
-Precedence, lowest to highest: the dataclass defaults below < the recipe file < command-line `key=value` overrides.
-Recipes are YAML files read with `yaml.safe_load`; they can only set fields that exist here, and every value is
-type-checked by OmegaConf against these dataclasses, so a recipe can name registered components but never code.
+Precedence, lowest to highest: the schema's defaults < the recipe file < command-line `key=value` overrides.
+Recipes are YAML files read with `yaml.safe_load`, merged and type-checked by OmegaConf against the schema.
 """
 
 from __future__ import annotations
 
 import difflib
 import importlib.resources
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,187 +16,8 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from hslite.datasets.preprocess import NORMALISATIONS
-from hslite.datasets.splits import SPLIT_KINDS
 from hslite.errors import ConfigError
-from hslite.recipe.ranges import (
-    AT_LEAST_0,
-    AT_LEAST_1,
-    BATCH_LIMIT,
-    ODD,
-    POSITIVE,
-    SEED,
-    SHARE,
-    Interval,
-    range_problems,
-    ranged,
-)
-
-
-@dataclass
-class DataConfig:
-    """Which scene, how it is preprocessed and split, and how patches are batched."""
-
-    scene: str = "synthetic_tiny"  # registered scene name (`hslite data list`), or the path of your own cube file
-    labels: str | None = None  # label raster of your own cube (data.scene=PATH); None for a registered scene
-    class_names: list[str] = field(default_factory=list)  # your classes, ascending code order; [] means "class <code>"
-    wavelengths: str | None = None  # text/.npy file of your cube's band centres, nm; None means its header's, if any
-    # code of unlabelled pixels in data.labels (any code of a ≤ 32-bit integer raster); the others become classes 1..C
-    ignore_label: int = ranged(0, Interval(-(2**31), 2**32 - 1, whole=True))
-    root: str | None = None  # folder holding <scene>/<file>; None means $HSLITE_DATA or the user cache dir
-    download: bool = False  # fetch missing files from the scene's canonical URL (checksummed)
-    drop_water_bands: bool = True  # drop the scene's conventional water-absorption bands (raw cubes only)
-    remove_bands: list[int] = ranged([], AT_LEAST_0)  # extra 0-based band indices to drop; [] means none
-    remove_ranges_nm: list[list[float]] = ranged([], AT_LEAST_0)  # [[lo, hi], ...] wavelength ranges to drop, nm
-    normalisation: str = "zscore"  # per-band "zscore", "stretch2" (2% linear stretch) or "none"; fitted on train pixels
-    pca_components: int = ranged(0, AT_LEAST_0)  # PCA bands fitted on training pixels; 0 means off
-    patch_size: int = ranged(9, ODD)  # odd side of the square patch around each pixel, pixels
-    split: str = "stratified"  # "stratified" (fraction per class), "count" (pixels per class) or "disjoint" (blocks)
-    train_fraction: float = ranged(0.1, SHARE)  # share of each class's pixels for training (stratified, disjoint)
-    val_fraction: float = ranged(0.1, SHARE)  # share for validation; the rest (train + val < 1) is the test set
-    train_per_class: int = ranged(0, AT_LEAST_0)  # training pixels per class for split=count (≥ 1 there)
-    val_per_class: int = ranged(0, AT_LEAST_0)  # validation pixels per class for split=count
-    block_size: int = ranged(0, AT_LEAST_0)  # block side for split=disjoint, pixels; 0 means 4 × patch_size
-    split_file: str | None = None  # reuse a saved split.npz instead of drawing one; None means draw from train.seed
-    batch_size: int = ranged(64, AT_LEAST_1)  # per-device training batch, samples
-    eval_batch_size: int = ranged(1024, AT_LEAST_1)  # batch for validation, test and whole-scene prediction, samples
-    augment: bool = False  # random flips and 90° rotations of training patches
-    num_workers: int = ranged(0, AT_LEAST_0)  # DataLoader workers; 0 means gather in the training process
-    # GPU plans: keep the padded cube in GPU memory and gather patches there (no patch crosses the bus; needs
-    # num_workers=0; the probe then times that path); false gathers on the host into pinned memory
-    gather_on_device: bool = False
-
-
-@dataclass
-class ModelConfig:
-    """Which registered architecture, at which size."""
-
-    name: str = "cnn3d"  # registered model (`hslite models`)
-    size: str = "small"  # size preset of that model ("small" or "large")
-    # G, contiguous band groups (aligned to VIS/NIR/SWIR-1/SWIR-2 when wavelengths are known): channel_vit's own
-    # (0: its preset's 4), and for other models the groups that channel-subset rotation masks (0: 4)
-    band_groups: int = ranged(0, AT_LEAST_0)
-
-
-@dataclass
-class TrainConfig:
-    """Optimisation and loop length."""
-
-    max_epochs: int = ranged(50, AT_LEAST_1)  # passes over the training pixels
-    max_steps: int = ranged(-1, Interval(-1, -1), AT_LEAST_1)  # optimiser steps cap; -1 means no cap
-    lr: float = ranged(1e-3, POSITIVE)  # peak AdamW learning rate
-    weight_decay: float = ranged(1e-4, AT_LEAST_0)  # AdamW decoupled weight decay; 0 means none
-    warmup_epochs: int = ranged(2, AT_LEAST_0)  # linear warm-up before the cosine decay, epochs; 0 means none
-    seed: int = ranged(0, SEED)  # seeds Python, NumPy, torch and the split
-    class_weights: bool = False  # weight the loss by inverse class frequency of the training pixels
-    limit_train_batches: float = ranged(1.0, *BATCH_LIMIT)  # share (≤ 1.0) or count (> 1) of training batches per epoch
-    limit_val_batches: float = ranged(1.0, *BATCH_LIMIT)  # share or count of validation batches per epoch
-    limit_test_batches: float = ranged(1.0, *BATCH_LIMIT)  # share or count of test batches; 1.0 means all
-    check_val_every_n_epoch: int = ranged(1, AT_LEAST_1)  # validate every this many epochs
-    progress: bool = True  # rich progress bar
-    deterministic: bool = False  # deterministic kernels only (torch.use_deterministic_algorithms), in every rank
-
-
-@dataclass
-class ParallelConfig:
-    """The layout over devices; validated as a Plan before any process starts."""
-
-    accelerator: str = "auto"  # "cpu", "gpu", or "auto" (gpu when CUDA is available)
-    devices: int = ranged(1, AT_LEAST_1)  # devices per node (CPU processes on a CPU box)
-    num_nodes: int = ranged(1, AT_LEAST_1)  # nodes; more than 1 is only priced by preflight, from a topology profile
-    precision: str = "32-true"  # "32-true", "bf16-mixed" or "16-mixed"
-    accumulate: int = ranged(1, AT_LEAST_1)  # micro-batches per optimiser step; 1 means off
-    compression: str = "none"  # gradient all-reduce compression: "none", "int8", "bf16" or "fp16"
-    chag: int = ranged(1, AT_LEAST_1)  # ranks sharing one batch's band groups (channel parallelism); 1 means off
-    rotation_groups: int = ranged(0, AT_LEAST_0)  # band groups active per step (channel-subset rotation); 0 means off
-    fsdp: bool = False  # shard parameters, gradients and optimiser state
-    tf32: bool = True  # CUDA only: fp32 matmuls/convolutions on TF32 tensor cores (the probe times it); false: fp32
-    cudnn_benchmark: bool = True  # CUDA only: cuDNN times kernels per input shape (off under train.deterministic)
-    # "manual" trains the layout above; "auto" trains the fastest plan the pre-flight predicts at this global batch on
-    # the devices present (the layout above is only where the search starts), because which trick pays depends on
-    # the model and the box, and the pre-flight has measured both (recipe/auto_plan.py; plan_choice.json says why)
-    plan: str = "manual"
-
-
-@dataclass
-class PreflightConfig:
-    """The go/no-go check that runs before every multi-device fit."""
-
-    enabled: bool = True  # run the check in `hslite fit`; single-device runs skip the link measurement
-    enforce: bool = True  # refuse (exit 3) a NO-GO plan; false means warn and run anyway
-    min_efficiency: float = ranged(0.5, Interval(0, 1, lo_open=True))  # GO needs ECD(N)/ECD(1) ≥ this (0.5: r ≤ 1)
-    topology: str | None = None  # topology profile to price devices that are not visible; None means measure
-    # GPU profile (`hslite/preflight/devices/`) whose roofline prices the compute of GPUs that are not here, so that a
-    # box you are about to buy gets a GO/NO-GO and not only links and memory; None means undecided there. GPUs that
-    # are here are measured instead.
-    device: str | None = None
-    device_efficiency: float = ranged(0.0, Interval(0, 0), Interval(0, 1, lo_open=True))  # roofline e; 0: the profile's
-    fresh: bool = False  # re-measure instead of using cached probe and link results
-    probe_steps: int = ranged(5, AT_LEAST_1)  # timed steps per probe, after warm-up
-
-
-@dataclass
-class OutputConfig:
-    """Where run folders go and what they hold."""
-
-    root: str = "runs"  # run folders are <root>/<recipe>/<timestamp>/
-    save_checkpoint: bool = True  # keep the best checkpoint by validation OA, and last.ckpt to resume from
-    checkpoint_every_n_epochs: int = ranged(1, AT_LEAST_1)  # write last.ckpt (atomically) every this many epochs
-    save_map: bool = True  # predict the whole scene: map.png and prediction.tif
-
-
-@dataclass
-class Config:
-    """A whole recipe."""
-
-    recipe: str = "quickstart"  # name of the recipe this config came from
-    description: str = ""  # one line shown by `hslite recipes`
-    data: DataConfig = field(default_factory=DataConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    preflight: PreflightConfig = field(default_factory=PreflightConfig)
-    output: OutputConfig = field(default_factory=OutputConfig)
-    # "last" (the newest unfinished run of this recipe under output.root) or a run folder: continue that run from its
-    # last.ckpt, in its own folder, with the config it was started with (hslite/run/resume.py)
-    resume: str | None = None
-
-
-def check_config(cfg: Config) -> Config:
-    """Raise one ConfigError listing every out-of-range value and inconsistent pair of values; return cfg."""
-    problems = range_problems(cfg)
-    d = cfg.data
-    if d.split != "count" and d.train_fraction + d.val_fraction >= 1:
-        problems.append(
-            f"data.train_fraction={d.train_fraction} + data.val_fraction={d.val_fraction} = "
-            f"{d.train_fraction + d.val_fraction:g} leaves no test pixels: the sum must be < 1; lower one of them."
-        )
-    if d.split == "count" and d.train_per_class < 1:
-        problems.append(
-            f"data.split=count needs data.train_per_class ≥ 1 (training pixels per class), got {d.train_per_class}."
-        )
-    for key, value, choices in (
-        ("parallel.plan", cfg.parallel.plan, ("manual", "auto")),
-        ("data.split", d.split, SPLIT_KINDS),
-        ("data.normalisation", d.normalisation, NORMALISATIONS),
-    ):
-        if value not in choices:
-            problems.append(f"{key} must be one of {', '.join(repr(c) for c in choices)}, got {value!r}.")
-    if problems:
-        raise ConfigError(" ".join(problems))
-    return cfg
-
-
-def valid_keys(cls: type = Config, prefix: str = "") -> list[str]:
-    """Every dotted key a recipe or override may set."""
-    keys = []
-    for f in fields(cls):
-        sub = f.default_factory if is_dataclass(f.default_factory) else None  # type: ignore[misc]
-        if sub is not None:
-            keys += valid_keys(sub, f"{prefix}{f.name}.")  # type: ignore[arg-type]
-        else:
-            keys.append(prefix + f.name)
-    return keys
+from hslite.recipe.schema import Config, check_config, valid_keys
 
 
 def _recipe_dir() -> Path:

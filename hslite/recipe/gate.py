@@ -37,7 +37,7 @@ from hslite.preflight.timers import wall_seconds
 from hslite.preflight.topology import Topology, list_topologies, load_topology
 from hslite.preflight.verdict import NO_GO_EXIT_CODE, UNDECIDED_EXIT_CODE, Verdict
 from hslite.recipe.build import build_model, build_task, plan_from_config, prepared_datamodule
-from hslite.recipe.config import Config
+from hslite.recipe.schema import Config
 
 MAX_PRICED_DEVICES = 16  # the largest box hslite is for
 # A band-group model's per-group work, the part channel groups split across ranks: its output is the group tokens.

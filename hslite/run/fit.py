@@ -36,7 +36,8 @@ from hslite.parallel.timing import TrainThroughput
 from hslite.parallel.usage import RankUsage, usage_metrics
 from hslite.preflight.verdict import Verdict
 from hslite.recipe.build import build_task, plan_from_config, prepared_datamodule
-from hslite.recipe.config import Config, to_yaml
+from hslite.recipe.config import to_yaml
+from hslite.recipe.schema import Config
 from hslite.run.checkpoints import AtomicCheckpointIO, BestCheckpoint, LastCheckpoint, load_weights, read_checkpoint
 from hslite.run.folder import RunFolder, check_writable
 from hslite.run.outputs import plot_confusion, plot_map, print_summary, write_json

@@ -34,7 +34,8 @@ from hslite.datasets.preprocess import patch_radius
 from hslite.datasets.scenes import load_scene, to_label_codes
 from hslite.errors import ConfigError, DataError
 from hslite.recipe.build import model_for
-from hslite.recipe.config import Config, load_config, parse_overrides
+from hslite.recipe.config import load_config, parse_overrides
+from hslite.recipe.schema import Config
 from hslite.run.checkpoints import read_checkpoint
 from hslite.run.folder import RunFolder, check_writable
 from hslite.run.outputs import plot_map, write_json

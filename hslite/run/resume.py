@@ -17,7 +17,8 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from hslite.errors import ConfigError, DataError
-from hslite.recipe.config import Config, load_config, parse_overrides
+from hslite.recipe.config import load_config, parse_overrides
+from hslite.recipe.schema import Config
 
 # Keys that may differ between the run and its resumption: none changes what is trained or how.
 HARMLESS_KEYS = ("resume", "train.progress", "preflight.enabled", "preflight.enforce", "preflight.fresh")
