@@ -101,8 +101,12 @@ def test_two_processes_equal_one_process_on_the_same_global_batches():
 
 @pytest.mark.parametrize(
     "devices, chag, batch, rotation",
-    [(2, 2, 16, 0), (4, 2, 8, 0), (2, 1, 8, 2), (2, 2, 16, 2)],
-    ids=["chag2", "dp2xchag2", "dp2-rotation", "chag2-rotation"],
+    [
+        pytest.param(2, 2, 16, 0, id="chag2", marks=pytest.mark.slow),  # chag2-rotation runs the same path and more
+        pytest.param(4, 2, 8, 0, id="dp2xchag2", marks=pytest.mark.slow),
+        pytest.param(2, 1, 8, 2, id="dp2-rotation", marks=pytest.mark.slow),
+        pytest.param(2, 2, 16, 2, id="chag2-rotation"),
+    ],
 )
 def test_channel_groups_and_rotation_through_lightning_equal_one_process(devices, chag, batch, rotation):
     # Rotation: the inactive groups' parameters are unused on every rank; DDP must leave their gradients unset,

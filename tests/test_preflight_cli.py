@@ -28,6 +28,7 @@ def test_single_device_plan_is_go(capsys):
     assert "GO" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_four_processes_are_decided_by_their_measured_figures_and_a_no_go_names_the_better_plan(capsys):
     code = main(["preflight", "recipe=quickstart_cpu4", "--json", "preflight.probe_steps=3"])
