@@ -4,8 +4,7 @@
     python benchmarks/preflight_fidelity.py --quick    # 3 plans of the 1-D CNN (what the test runs)
     python benchmarks/preflight_fidelity.py --fresh    # every fit's pre-flight re-probes and re-measures its links
 
-Each plan is one fit of its own: 30 to 100 s apiece on 2 shared cores (--quick, a reference row included, took 2.2
-to 3.4 min there, by the other load).
+Each plan is one fit of its own, so the full matrix takes a while on 2 cores; the run prints its rows' count and time.
 
 On a shared machine, quote `--fresh`: a probe cached an hour earlier saw another load than the fit it predicts.
 

@@ -44,12 +44,12 @@ def test_readme_main_job_runs_from_an_empty_folder_with_no_arguments(tmp_path):
 
 
 def test_a_failure_after_training_keeps_the_evidence(tmp_path, monkeypatch, capsys):
-    from hslite.run import fit as fit_module
+    from hslite.run import outputs
 
     def broken_plot(*args, **kwargs):
         raise RuntimeError("the plotting backend fell over")
 
-    monkeypatch.setattr(fit_module, "plot_confusion", broken_plot)
+    monkeypatch.setattr(outputs, "plot_confusion", broken_plot)
     with pytest.raises(RuntimeError, match="plotting backend"):
         main(["fit", "recipe=quickstart", *QUICK, "train.max_epochs=2", f"output.root={tmp_path}"])
     (run,) = (tmp_path / "quickstart").iterdir()
@@ -186,7 +186,7 @@ def test_one_inference_pass_serves_the_test_and_the_map_only_when_both_cover_the
     import numpy as np
 
     from hslite.recipe.config import load_config
-    from hslite.run import fit as fit_module
+    from hslite.run import evaluate
 
     ran = []
 
@@ -194,8 +194,8 @@ def test_one_inference_pass_serves_the_test_and_the_map_only_when_both_cover_the
         ran.append((loader, evaluator))
         return np.array([0, 1, 2, 3]) if loader == "scene" else np.array([1, 2])
 
-    monkeypatch.setattr(fit_module, "_evaluator", lambda plan, **limits: limits)
-    monkeypatch.setattr(fit_module, "_predict", predict)
+    monkeypatch.setattr(evaluate, "_evaluator", lambda plan, **limits: limits)
+    monkeypatch.setattr(evaluate, "_predict", predict)
     datamodule = SimpleNamespace(
         scene=SimpleNamespace(gt=np.array([[1, 2], [3, 0]])),
         split=SimpleNamespace(test=np.array([[0, 1], [1, 0]])),  # the map's 2nd and 3rd pixels: classes 1 and 2
@@ -203,7 +203,7 @@ def test_one_inference_pass_serves_the_test_and_the_map_only_when_both_cover_the
         predict_dataloader=lambda: "scene",
     )
     cfg = load_config("quickstart", [f"output.save_map={save_map}", f"train.limit_test_batches={limit}"])
-    scored, predicted = fit_module._predictions(cfg, None, datamodule, None)
+    scored, predicted = evaluate.predictions(cfg, None, datamodule, None)
     assert ran == passes
     assert scored.tolist() == [1, 2]
     assert (predicted.tolist() if save_map else predicted) == ([0, 1, 2, 3] if save_map else None)

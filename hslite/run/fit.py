@@ -13,19 +13,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import lightning.pytorch as pl
-import numpy as np
 import torch
-from torch.utils.data import DataLoader
 
 from hslite.allocator import keep_freed_memory
 from hslite.atomic import atomic_write
 from hslite.datasets.datamodule import HSIDataModule
 from hslite.datasets.fitted import FittedPreprocessing
-from hslite.datasets.geotiff_out import write_geotiff
-from hslite.datasets.scenes import to_label_codes
 from hslite.datasets.splits import Split
 from hslite.errors import DataError
 from hslite.parallel.compression_guard import kind_at_level
@@ -39,8 +35,9 @@ from hslite.recipe.build import build_task, plan_from_config, prepared_datamodul
 from hslite.recipe.config import to_yaml
 from hslite.recipe.schema import Config
 from hslite.run.checkpoints import AtomicCheckpointIO, BestCheckpoint, LastCheckpoint, load_weights, read_checkpoint
+from hslite.run.evaluate import batch_limit, predictions
 from hslite.run.folder import RunFolder, check_writable
-from hslite.run.outputs import plot_confusion, plot_map, print_summary, write_json
+from hslite.run.outputs import print_summary, write_json, write_scene_outputs
 from hslite.run.resume import LAST, check_checkpoint_config, flat_config
 from hslite.run.training_state import TrainingState
 from hslite.task import HSIClassifier
@@ -163,10 +160,40 @@ def _checkpoint_bytes(task: HSIClassifier) -> int:
 def _train_and_evaluate(
     cfg: Config, plan: Plan, datamodule: HSIDataModule, task: HSIClassifier, run: RunFolder, last: bytes | None
 ) -> dict[str, Any]:
+    trainer, checkpoint = _trainer(cfg, plan, datamodule, run, last)
+    resume_from = None if last is None else run.path / "checkpoints" / LAST  # Lightning restores from the bytes read
+    wall_start = time.perf_counter()
+    try:
+        trainer.fit(task, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)  # whatever the strategy
+    except Exception as err:
+        failed = rank_failure(err, trainer, run.path / "ranks")
+        if failed is None:
+            raise
+        raise failed from None
+    train_seconds = time.perf_counter() - wall_start
+
+    best = Path(checkpoint.best_model_path).resolve() if checkpoint and checkpoint.best_model_path else None
+    if best is not None:
+        task.load_state_dict(load_weights(best))
+    scored, predicted = predictions(cfg, plan, datamodule, task)
+    scene, test = datamodule.scene, datamodule.split.test
+    targets = scene.gt[test[: len(scored), 0], test[: len(scored), 1]] - 1
+    scores = task.score(torch.from_numpy(scored), torch.from_numpy(targets))
+    write_scene_outputs(run.path, scores["confusion_matrix"], predicted, scene, datamodule.class_names)
+    return {
+        **_metrics(scores, trainer, train_seconds, plan, datamodule),
+        "best_checkpoint": str(best.relative_to(run.path.resolve())) if best else None,
+        "confusion_matrix": scores["confusion_matrix"].tolist(),
+    }
+
+
+def _trainer(
+    cfg: Config, plan: Plan, datamodule: HSIDataModule, run: RunFolder, last: bytes | None
+) -> tuple[pl.Trainer, BestCheckpoint | None]:
+    """The plan's Trainer with hslite's callbacks, and the best-checkpoint callback when checkpoints are kept."""
     from lightning.pytorch.loggers import CSVLogger
 
     work_dir, last_path = run.path, run.path / "checkpoints" / LAST
-    resume_from = None if last is None else last_path  # Lightning restores from `last`, the bytes read already
     callbacks: list[pl.Callback] = [TrainThroughput(), RankUsage(), TrainingState(flat_config(cfg))]
     if plan.world_size > 1:
         callbacks.append(RankActivity(work_dir / "ranks"))
@@ -183,8 +210,8 @@ def _train_and_evaluate(
         **kwargs,
         max_epochs=cfg.train.max_epochs,
         max_steps=cfg.train.max_steps,
-        limit_train_batches=_limit(cfg.train.limit_train_batches),
-        limit_val_batches=_limit(cfg.train.limit_val_batches),
+        limit_train_batches=batch_limit(cfg.train.limit_train_batches),
+        limit_val_batches=batch_limit(cfg.train.limit_val_batches),
         check_val_every_n_epoch=cfg.train.check_val_every_n_epoch,
         log_every_n_steps=min(50, steps_per_epoch),
         callbacks=callbacks,
@@ -194,25 +221,15 @@ def _train_and_evaluate(
         enable_checkpointing=cfg.output.save_checkpoint,
         plugins=[AtomicCheckpointIO(None if last is None else {last_path: last})],
     )
-    wall_start = time.perf_counter()
-    try:
-        trainer.fit(task, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)  # whatever the strategy
-    except Exception as err:
-        failed = rank_failure(err, trainer, work_dir / "ranks")
-        if failed is None:
-            raise
-        raise failed from None
-    train_seconds = time.perf_counter() - wall_start
+    return trainer, checkpoint
 
+
+def _metrics(
+    scores: dict[str, Any], trainer: pl.Trainer, train_seconds: float, plan: Plan, datamodule: HSIDataModule
+) -> dict[str, Any]:
+    """metrics.json's scores, training figures and the data's audit (the caller adds the checkpoint and confusion)."""
     perf = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("perf/")}
-    best = Path(checkpoint.best_model_path).resolve() if checkpoint and checkpoint.best_model_path else None
-    if best is not None:
-        task.load_state_dict(load_weights(best))
-    scored, predicted = _predictions(cfg, plan, datamodule, task)
-    scene, test = datamodule.scene, datamodule.split.test
-    targets = scene.gt[test[: len(scored), 0], test[: len(scored), 1]] - 1
-    scores = task.score(torch.from_numpy(scored), torch.from_numpy(targets))
-    metrics: dict[str, Any] = {
+    return {
         "OA": scores["OA"],
         "AA": scores["AA"],
         "kappa": scores["kappa"],
@@ -228,54 +245,10 @@ def _train_and_evaluate(
         "plan": plan.to_dict(),
         "plan_that_ran": _plan_that_ran(plan, trainer),
         "usage": usage_metrics(trainer.callback_metrics, plan.accelerator),
-        "split_counts": datamodule.split.counts(scene.gt),
+        "split_counts": datamodule.split.counts(datamodule.scene.gt),
         "split_protocol": datamodule.split.protocol,
         "leakage_audit": datamodule.leakage_audit(),
-        "best_checkpoint": str(best.relative_to(work_dir.resolve())) if best else None,
     }
-    confusion = scores["confusion_matrix"]
-    metrics["confusion_matrix"] = confusion.tolist()
-    plot_confusion(work_dir / "confusion.png", confusion, datamodule.class_names)
-    if predicted is not None:
-        classes = predicted.reshape(scene.gt.shape) + 1
-        plot_map(work_dir / "map.png", classes, scene.gt, datamodule.class_names, scene.label_codes)
-        codes = to_label_codes(classes, scene.label_codes)  # an own scene's map is in its label file's codes
-        write_geotiff(work_dir / "prediction.tif", codes, scene.crs, scene.transform)
-    return metrics
-
-
-def _predictions(
-    cfg: Config, plan: Plan, datamodule: HSIDataModule, task: HSIClassifier
-) -> tuple[np.ndarray, np.ndarray | None]:
-    """Predicted classes of the scored test pixels, and of the whole scene when a map is asked (None otherwise).
-
-    train.limit_test_batches limits the test pass only, and a map is always of the whole scene: with a map asked and
-    no limit, one pass over the scene serves both; otherwise the test pass and the map are two.
-    """
-    if cfg.output.save_map and cfg.train.limit_test_batches == 1.0:
-        return _scored_from_the_map(plan, datamodule, task)
-    return _tested_then_mapped(cfg, plan, datamodule, task)
-
-
-def _scored_from_the_map(plan: Plan, datamodule: HSIDataModule, task: HSIClassifier) -> tuple[np.ndarray, np.ndarray]:
-    """One pass: the whole scene is predicted, and its test pixels are scored from that map."""
-    predicted = _predict(_evaluator(plan), task, datamodule.predict_dataloader())
-    test = datamodule.split.test
-    return predicted.reshape(datamodule.scene.gt.shape)[test[:, 0], test[:, 1]], predicted
-
-
-def _tested_then_mapped(
-    cfg: Config, plan: Plan, datamodule: HSIDataModule, task: HSIClassifier
-) -> tuple[np.ndarray, np.ndarray | None]:
-    """Two passes: the test pixels (as many batches as train.limit_test_batches), then the scene when a map is asked."""
-    tester = _evaluator(plan, limit_predict_batches=_limit(cfg.train.limit_test_batches))
-    scored = _predict(tester, task, datamodule.test_dataloader())
-    return scored, _predict(_evaluator(plan), task, datamodule.predict_dataloader()) if cfg.output.save_map else None
-
-
-def _evaluator(plan: Plan, **limits: Any) -> pl.Trainer:
-    """A one-device Trainer for inference, whatever the plan trained on."""
-    return pl.Trainer(**trainer_kwargs(plan.single_device(), progress=False), logger=False, **limits)
 
 
 def _plan_that_ran(plan: Plan, trainer: pl.Trainer) -> str:
@@ -284,16 +257,3 @@ def _plan_that_ran(plan: Plan, trainer: pl.Trainer) -> str:
     if not plan.compression_enabled or bits is None:
         return plan.describe()
     return plan.with_(compression=kind_at_level(plan.compression, int(bits))).describe()
-
-
-def _predict(trainer: pl.Trainer, task: HSIClassifier, loader: DataLoader) -> np.ndarray:
-    """Zero-based predicted class of every sample of `loader`, in its order."""
-    batches = cast(list[torch.Tensor], trainer.predict(task, dataloaders=loader))
-    return torch.cat(batches).numpy().astype(np.int64)
-
-
-def _limit(value: float) -> float | int | None:
-    """Lightning's limit_*_batches: None for 'all' (its default, so it does not announce it), a count above 1."""
-    if value == 1.0:
-        return None
-    return int(value) if value > 1 else float(value)

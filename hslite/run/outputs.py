@@ -10,6 +10,9 @@ from typing import Any
 
 import numpy as np
 
+from hslite.datasets.geotiff_out import write_geotiff
+from hslite.datasets.scenes import Scene, to_label_codes
+
 
 def write_json(path: Path, payload: dict[str, Any]) -> None:
     """Write JSON atomically (temp file + rename), so a crash never leaves half a report."""
@@ -130,3 +133,19 @@ def print_summary(metrics: dict[str, Any], run_dir: Path, class_names: list[str]
     if worst:
         table.add_row("weakest classes", ", ".join(f"{name} {100 * acc:.1f}%" for acc, name in worst))
     Console().print(table)
+
+
+def write_scene_outputs(
+    folder: Path, confusion: np.ndarray, predicted: np.ndarray | None, scene: Scene, class_names: list[str]
+) -> None:
+    """confusion.png; with a whole-scene prediction (class indices, row-major) also map.png and prediction.tif.
+
+    prediction.tif holds the scene's own label codes (an own scene's map is in its label file's codes) and its
+    georeference.
+    """
+    plot_confusion(folder / "confusion.png", confusion, class_names)
+    if predicted is None:
+        return
+    classes = predicted.reshape(scene.gt.shape) + 1
+    plot_map(folder / "map.png", classes, scene.gt, class_names, scene.label_codes)
+    write_geotiff(folder / "prediction.tif", to_label_codes(classes, scene.label_codes), scene.crs, scene.transform)
