@@ -2,9 +2,9 @@
 
 The probe times bare forward, backward and optimiser calls. A `hslite fit` step also pays Lightning's loop and hooks,
 the task's loss and metric updates and logging, and under DDP the reducer's bookkeeping and the ranks meeting at
-each all-reduce. Measured here, this was ~1.7 ms per step for one process and ~3.6 ms for two gloo ranks on 2 cores:
-as much as a whole 1-D CNN step, and the reason a small model's DDP plan missed its prediction by half. So it is
-measured, not assumed: `Trainer.fit` of `HSIClassifier` around a linear layer, with the Plan's own Trainer arguments
+each all-reduce. For a small model that is as much as its whole step, and left out it made a small model's DDP plan
+miss its prediction badly. So it is measured, not assumed: `Trainer.fit` of `HSIClassifier` around a linear layer,
+with the Plan's own Trainer arguments
 (the same strategy and ranks), timed by the callback that times `hslite fit`. The linear layer's compute and its
 one latency-bound all-reduce are inside the figure; both are small against what they stand for.
 

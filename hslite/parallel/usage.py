@@ -4,7 +4,7 @@ Peak memory. GPU: `torch.cuda.max_memory_allocated`, reset at each sampled batch
 counter, so glibc's `mallinfo2` in-use bytes (what malloc handed out and has not taken back: the analogue of
 max_memory_allocated, where RSS would keep freed pages) are read after each forward, after each backward and after
 each optimiser step, less what the rank held at setup, plus its parameters (already resident then). Sampled, so a
-lower bound of the peak inside backward. A read walks the heap (~0.1 ms when fragmented), so only the first
+lower bound of the peak inside backward. A read walks the heap (slow when it is fragmented), so only the first
 SAMPLED_STEPS optimiser steps are sampled: once the optimiser state exists every step holds the same tensors.
 Validation is not sampled.
 

@@ -92,8 +92,8 @@ def choose_plan(cfg: Config) -> PlanChoice:
 def fewest_devices_near_best(search: Verdict) -> Plan:
     """The passing plan on the fewest devices whose predicted throughput is within CLEARLY_FASTER of the best's.
 
-    A gain smaller than the pre-flight's own error (median ~10 % against real fits) is no reason to take more
-    devices: they are the ones that wait on each other when the prediction was optimistic.
+    A gain smaller than the pre-flight's own error (its median against real fits: benchmarks/preflight_fidelity.py) is
+    no reason to take more devices: they are the ones that wait on each other when the prediction was optimistic.
     """
     assert search.best_passing is not None
     plans = {plan.describe(): plan for plan in search.predictions}
