@@ -4,9 +4,9 @@ The probe times bare forward, backward and optimiser calls. A `hslite fit` step 
 the task's loss and metric updates and logging, and under DDP the reducer's bookkeeping and the ranks meeting at
 each all-reduce. For a small model that is as much as its whole step, and left out it made a small model's DDP plan
 miss its prediction badly. So it is measured, not assumed: `Trainer.fit` of `HSIClassifier` around a linear layer,
-with the Plan's own Trainer arguments
-(the same strategy and ranks), timed by the callback that times `hslite fit`. The linear layer's compute and its
-one latency-bound all-reduce are inside the figure; both are small against what they stand for.
+with the Plan's own Trainer arguments (the same strategy and ranks), timed by the callback that times `hslite fit`.
+The linear layer's compute and its one latency-bound all-reduce are inside the figure; both are small against what
+they stand for.
 
 It lives beside the code that builds trainers, not in `preflight/`: the pre-flight never builds a Trainer, it is
 handed `measure_step_overhead` as a callable (`hslite.recipe.gate`).
