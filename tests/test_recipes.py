@@ -90,19 +90,21 @@ def test_recipe_smoke_run(recipe, tmp_path, request, monkeypatch):
         shared_data = request.getfixturevalue("shared_data") if _needs_real_files(scene) else None
         _lay_out_scene(scene, tmp_path / "data", shared_data, monkeypatch)
         overrides.append(f"data.root={tmp_path / 'data'}")
-    result = fit(load_config(recipe, overrides))
-    _assert_scores_describe_the_test_pixels(json.loads((result.run_dir / "metrics.json").read_text()))
+    cfg = load_config(recipe, overrides)
+    result = fit(cfg)
+    metrics = json.loads((result.run_dir / "metrics.json").read_text())
+    _assert_scores_describe_the_test_pixels(metrics, int(cfg.train.limit_test_batches), cfg.data.eval_batch_size)
 
 
-def _assert_scores_describe_the_test_pixels(metrics: dict) -> None:
-    """Two test batches' pixels were scored, and OA and per-class accuracy are what their confusion matrix says.
+def _assert_scores_describe_the_test_pixels(metrics: dict, test_batches: int, batch_size: int) -> None:
+    """The test batches' pixels were scored, and OA and per-class accuracy are what their confusion matrix says.
 
     A smoke run of one epoch has no accuracy worth asserting; that every figure comes from the pixels it scored does.
     """
     confusion = np.array(metrics["confusion_matrix"])
     classes = len(metrics["class_names"])
     assert confusion.shape == (classes, classes)
-    assert confusion.sum() == min(2 * 128, sum(metrics["split_counts"]["test"].values()))  # QUICK's test batches
+    assert confusion.sum() == min(test_batches * batch_size, sum(metrics["split_counts"]["test"].values()))
     assert metrics["OA"] == pytest.approx(np.trace(confusion) / confusion.sum())
     seen = confusion.sum(axis=1)
     assert metrics["per_class_accuracy"] == pytest.approx(
