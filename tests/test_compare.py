@@ -197,6 +197,8 @@ def test_a_multi_device_row_gets_a_reference_row_for_its_verdicts_best_single_de
     vit = _entry("vit dp2", "quickstart", [*dp2.overrides, "model.name=channel_vit"], measure=True)
     auto = _entry(None, "quickstart", [*dp2.overrides, "train.lr=0.01", "parallel.plan=auto"], measure=True)
     assert _workload(dp2.cfg) == _workload(dp4.cfg) != _workload(vit.cfg)
+    vit_rotating = _entry("vit rot2", "quickstart", [*vit.overrides, "parallel.rotation_groups=2"], measure=True)
+    assert _workload(vit_rotating.cfg) != _workload(vit.cfg)  # a rotating row trains less per step: not one reference
     rows = []
     for entry in (dp2, dp4, vit, auto):
         report = _report(plan_from_config(entry.cfg), "NO-GO", 0.01, 0.02, best_single=best.describe())
