@@ -81,6 +81,7 @@ def main() -> int:
 
     from hslite.compare.measure import run_compare
     from hslite.compare.rows import CompareOptions, RowSpec
+    from hslite.parallel.plan import Plan
     from hslite.recipe.build import prepared_datamodule
     from hslite.recipe.config import load_config
     from hslite.recipe.gate import check_recipe, training_batches
@@ -90,7 +91,9 @@ def main() -> int:
         root = Path(tmp)
         shared = [*COMMON_OVERRIDES, f"output.root={root}"]
         for chag in CHAGS:
-            case = Case("channel_vit", "small", chag, args.batch, chag=chag, patch_size=args.patch)
+            case = Case(
+                "channel_vit", "small", Plan(devices=chag, batch_size=args.batch, chag=chag), patch_size=args.patch
+            )
             overrides = [*case.overrides(), f"model.band_groups={args.groups}"]
             cfg = load_config(RECIPE_FOR_DEVICES[chag], [*shared, *overrides])
             verdict = check_recipe(cfg)

@@ -41,31 +41,12 @@ RECIPE_FOR_DEVICES = {1: "quickstart", 2: "quickstart_cpu2", 4: "quickstart_cpu4
 
 @dataclass(frozen=True)
 class Case:
-    """One plan to predict and run: model, per-device batch and the layout."""
+    """One plan to predict and run: the model and the layout."""
 
     model: str
     size: str
-    devices: int
-    batch_size: int
-    accumulate: int = 1
-    precision: str = "32-true"
-    chag: int = 1  # channel groups: ranks that split one batch's band groups
-    rotation: int = 0  # band groups active per step under channel-subset rotation
-    fsdp: bool = False  # parameters, gradients and optimiser state sharded over the ranks
+    plan: Plan
     patch_size: int = 1  # both models read the centre spectrum, so no neighbours are gathered
-
-    @property
-    def plan(self) -> Plan:
-        """The layout this case asks for."""
-        return Plan(
-            devices=self.devices,
-            batch_size=self.batch_size,
-            accumulate=self.accumulate,
-            precision=self.precision,
-            chag=self.chag,
-            rotation_groups=self.rotation,
-            fsdp=self.fsdp,
-        )
 
     def overrides(self) -> list[str]:
         """Recipe overrides that set this plan."""
@@ -74,39 +55,39 @@ class Case:
 
     def row(self) -> RowSpec:
         """This case as a row of `hslite compare`."""
-        return RowSpec(f"{self.model}-{self.size} {self.plan.describe()}", RECIPE_FOR_DEVICES[self.devices],
+        return RowSpec(f"{self.model}-{self.size} {self.plan.describe()}", RECIPE_FOR_DEVICES[self.plan.devices],
                        self.overrides())  # fmt: skip
 
 
 QUICK = [
-    Case("cnn1d", "small", 1, 64),
-    Case("cnn1d", "small", 1, 16, accumulate=4),
-    Case("cnn1d", "small", 2, 32),
+    Case("cnn1d", "small", Plan(devices=1, batch_size=64)),
+    Case("cnn1d", "small", Plan(devices=1, batch_size=16, accumulate=4)),
+    Case("cnn1d", "small", Plan(devices=2, batch_size=32)),
 ]
 FULL = [
     # 1-D CNN, 72k parameters: a few ms of compute, so fixed costs and the all-reduce latency decide
     *QUICK,
-    Case("cnn1d", "small", 1, 64, precision="bf16-mixed"),
-    Case("cnn1d", "small", 2, 32, precision="bf16-mixed"),
-    Case("cnn1d", "small", 2, 32, accumulate=4),
-    Case("cnn1d", "small", 4, 16),
-    Case("cnn1d", "small", 2, 32, fsdp=True),
+    Case("cnn1d", "small", Plan(devices=1, batch_size=64, precision="bf16-mixed")),
+    Case("cnn1d", "small", Plan(devices=2, batch_size=32, precision="bf16-mixed")),
+    Case("cnn1d", "small", Plan(devices=2, batch_size=32, accumulate=4)),
+    Case("cnn1d", "small", Plan(devices=4, batch_size=16)),
+    Case("cnn1d", "small", Plan(devices=2, batch_size=32, fsdp=True)),
     # channel ViT small, 215k parameters
-    Case("channel_vit", "small", 1, 64),
-    Case("channel_vit", "small", 2, 32),
-    Case("channel_vit", "small", 4, 16, accumulate=4),
-    Case("channel_vit", "small", 2, 32, fsdp=True),
+    Case("channel_vit", "small", Plan(devices=1, batch_size=64)),
+    Case("channel_vit", "small", Plan(devices=2, batch_size=32)),
+    Case("channel_vit", "small", Plan(devices=4, batch_size=16, accumulate=4)),
+    Case("channel_vit", "small", Plan(devices=2, batch_size=32, fsdp=True)),
     # channel groups and rotation of the small channel ViT's 4 band groups
-    Case("channel_vit", "small", 2, 32, chag=2),
-    Case("channel_vit", "small", 4, 16, chag=2),
-    Case("channel_vit", "small", 1, 64, rotation=2),
-    Case("channel_vit", "small", 2, 32, chag=2, rotation=2),
+    Case("channel_vit", "small", Plan(devices=2, batch_size=32, chag=2)),
+    Case("channel_vit", "small", Plan(devices=4, batch_size=16, chag=2)),
+    Case("channel_vit", "small", Plan(devices=1, batch_size=64, rotation_groups=2)),
+    Case("channel_vit", "small", Plan(devices=2, batch_size=32, chag=2, rotation_groups=2)),
     # channel ViT large, 6.4M parameters (25 MB of fp32 gradients): compute and the all-reduce both matter
-    Case("channel_vit", "large", 1, 32),
-    Case("channel_vit", "large", 2, 16),
-    Case("channel_vit", "large", 2, 16, accumulate=4),
-    Case("channel_vit", "large", 4, 8),
-    Case("channel_vit", "large", 2, 16, fsdp=True),
+    Case("channel_vit", "large", Plan(devices=1, batch_size=32)),
+    Case("channel_vit", "large", Plan(devices=2, batch_size=16)),
+    Case("channel_vit", "large", Plan(devices=2, batch_size=16, accumulate=4)),
+    Case("channel_vit", "large", Plan(devices=4, batch_size=8)),
+    Case("channel_vit", "large", Plan(devices=2, batch_size=16, fsdp=True)),
 ]
 
 
