@@ -70,6 +70,26 @@ def test_synthetic_scenes_are_deterministic_fast_and_shaped_like_indian_pines():
     assert not np.array_equal(load_scene("synthetic_indian_pines", seed=1).gt, scene.gt)
 
 
+@pytest.mark.parametrize(
+    ("stand_in", "real"),
+    [("synthetic_pavia_university", "pavia_university"), ("synthetic_salinas", "salinas"),
+     pytest.param("synthetic_houston2013", "houston2013", marks=pytest.mark.slow)],  # 665k pixels: ~10 s
+)  # fmt: skip
+def test_stand_ins_have_their_scenes_size_bands_classes_and_class_counts(stand_in: str, real: str) -> None:
+    spec, scene = scenes.get_scene_spec(real), load_scene(stand_in, seed=0)
+    assert scene.cube.shape == spec.shape and scenes.is_synthetic(stand_in)
+    assert scene.class_names == list(spec.class_names)
+    assert np.bincount(scene.gt.ravel())[1:].tolist() == list(scenes.get_scene_spec(stand_in).class_counts)
+
+
+@pytest.mark.parametrize("real", ["pavia_university", "salinas"])
+def test_stand_in_class_counts_are_the_real_ground_truths(real: str, shared_data) -> None:
+    spec = scenes.get_scene_spec(real)
+    gt = read_labels(shared_data / real / spec.gt_file.name, spec.gt_key)
+    counts = np.bincount(gt.ravel().astype(np.int64))[1:].tolist()
+    assert counts == list(scenes.get_scene_spec(f"synthetic_{real}").class_counts)
+
+
 def test_synthetic_tiny_is_learnable_but_not_trivial(tiny_scene):
     from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
 

@@ -29,6 +29,7 @@ class SceneSpec:
     wavelengths_nm: tuple[float, ...] | None
     water_bands: tuple[int, ...] = ()  # 0-based bands conventionally removed
     description: str = ""
+    class_counts: tuple[int, ...] | None = None  # synthetic stand-ins: labelled pixels per class of the real scene
 
 
 # ------------------------------------------------------------------------------------------------------ reference
@@ -49,12 +50,31 @@ INDIAN_PINES_WATER_BANDS = (*range(103, 108), *range(149, 163), 219)
 _IP_KEPT = tuple(i for i in range(220) if i not in INDIAN_PINES_WATER_BANDS)
 INDIAN_PINES_200_NM = tuple(INDIAN_PINES_220_NM[i] for i in _IP_KEPT)
 
+
+def _even_nm(first: float, last: float, bands: int) -> tuple[float, ...]:
+    """Band centres evenly spaced over a sensor's range, for a stand-in of a scene whose file carries none."""
+    return tuple(first + (last - first) * i / (bands - 1) for i in range(bands))
+
+
 SALINAS_CLASSES = (
     "Brocoli_green_weeds_1", "Brocoli_green_weeds_2", "Fallow", "Fallow_rough_plow", "Fallow_smooth", "Stubble",
     "Celery", "Grapes_untrained", "Soil_vinyard_develop", "Corn_senesced_green_weeds", "Lettuce_romaine_4wk",
     "Lettuce_romaine_5wk", "Lettuce_romaine_6wk", "Lettuce_romaine_7wk", "Vinyard_untrained",
     "Vinyard_vertical_trellis",
 )  # fmt: skip
+PAVIA_UNIVERSITY_CLASSES = (
+    "Asphalt", "Meadows", "Gravel", "Trees", "Painted metal sheets", "Bare Soil", "Bitumen", "Self-Blocking Bricks",
+    "Shadows",
+)  # fmt: skip
+HOUSTON2013_CLASSES = (
+    "Healthy grass", "Stressed grass", "Synthetic grass", "Trees", "Soil", "Water", "Residential", "Commercial", "Road",
+    "Highway", "Railway", "Parking Lot 1", "Parking Lot 2", "Tennis Court", "Running Track",
+)  # fmt: skip
+# Labelled pixels per class of PaviaU_gt.mat and Salinas_gt.mat (counted from the files of ../shared/data), and of the
+# contest's training + test ROIs of Houston 2013: what the synthetic stand-ins copy.
+PAVIA_UNIVERSITY_CLASS_COUNTS = (6631, 18649, 2099, 3064, 1345, 5029, 1330, 3682, 947)
+SALINAS_CLASS_COUNTS = (2009, 3726, 1976, 1394, 2678, 3959, 3579, 11271, 6203, 3278, 1068, 1927, 916, 1070, 7268, 1807)
+HOUSTON2013_CLASS_COUNTS = (1251, 1254, 697, 1244, 1242, 325, 1268, 1244, 1252, 1227, 1235, 1233, 469, 428, 660)
 _SALINAS_A_CODES = (1, 10, 11, 12, 13, 14)
 
 SCENE_SPECS = (
@@ -82,10 +102,7 @@ SCENE_SPECS = (
                    "28447fa87f7a5797845e9a189c0da85e23b1d06a4ba7361e5ff44efbf834d2fb", 34806917),
         RemoteFile("PaviaU_gt.mat", _EHU + "5/50/PaviaU_gt.mat",
                    "23f6a426928f9b32984adffe659e29f554f9fb6c93b5a107528d308d5087a829", 11005),
-        "paviaU", "paviaU_gt",
-        ("Asphalt", "Meadows", "Gravel", "Trees", "Painted metal sheets", "Bare Soil", "Bitumen",
-         "Self-Blocking Bricks", "Shadows"),
-        None, None,  # the file carries no band centres; 103 of ROSIS's 115 bands over 430-860 nm
+        "paviaU", "paviaU_gt", PAVIA_UNIVERSITY_CLASSES, None, None,  # the file carries no band centres; 103 of ROSIS's 115 bands over 430-860 nm
         description="ROSIS over Pavia, 1.3 m pixels; 12 noisy bands already removed.",
     ),
     SceneSpec(
@@ -133,11 +150,7 @@ SCENE_SPECS = (
         "houston2013", "Houston 2013 (GRSS DFC)", "CASI-1500 (380-1050 nm)", (349, 1905, 144),
         RemoteFile("2013_IEEE_GRSS_DF_Contest_CASI.tif", None, None, None),
         RemoteFile("houston2013_gt.tif", None, None, None),  # rasterised contest ROIs, see data/README.md
-        None, None,
-        ("Healthy grass", "Stressed grass", "Synthetic grass", "Trees", "Soil", "Water", "Residential",
-         "Commercial", "Road", "Highway", "Railway", "Parking Lot 1", "Parking Lot 2", "Tennis Court",
-         "Running Track"),
-        None, None,
+        None, None, HOUSTON2013_CLASSES, None, None,
         description="Distributed by the IEEE GRSS after registration; place the files by hand.",
     ),
     SceneSpec(
@@ -167,5 +180,27 @@ SCENE_SPECS = (
         "synthetic_indian_pines", "Synthetic Indian Pines", "synthetic", (145, 145, 200),
         GENERATED_FILE, GENERATED_FILE, None, None, INDIAN_PINES_CLASSES, None, INDIAN_PINES_200_NM,
         description="Indian Pines sizes, bands and class counts with synthetic spectra; no download needed.",
+        class_counts=INDIAN_PINES_CLASS_COUNTS,
+    ),
+    # Stand-ins for the scenes whose cubes are large or distributed under registration: the recipes of those scenes
+    # run on them where the real files are absent (benchmarks/time_to_accuracy.py). Same size, bands, classes and
+    # class counts; the spectra are the synthetic mixtures, over the sensor's range where it is known.
+    SceneSpec(
+        "synthetic_pavia_university", "Synthetic Pavia University", "synthetic", (610, 340, 103),
+        GENERATED_FILE, GENERATED_FILE, None, None, PAVIA_UNIVERSITY_CLASSES, None, _even_nm(430, 860, 103),
+        description="Pavia University sizes, bands (430-860 nm) and class counts with synthetic spectra.",
+        class_counts=PAVIA_UNIVERSITY_CLASS_COUNTS,
+    ),
+    SceneSpec(
+        "synthetic_salinas", "Synthetic Salinas", "synthetic", (512, 217, 204),
+        GENERATED_FILE, GENERATED_FILE, None, None, SALINAS_CLASSES, None, None,
+        description="Salinas sizes, bands and class counts with synthetic spectra.",
+        class_counts=SALINAS_CLASS_COUNTS,
+    ),
+    SceneSpec(
+        "synthetic_houston2013", "Synthetic Houston 2013", "synthetic", (349, 1905, 144),
+        GENERATED_FILE, GENERATED_FILE, None, None, HOUSTON2013_CLASSES, None, _even_nm(380, 1050, 144),
+        description="Houston 2013 sizes, bands (380-1050 nm) and class counts with synthetic spectra.",
+        class_counts=HOUSTON2013_CLASS_COUNTS,
     ),
 )  # fmt: skip

@@ -16,14 +16,13 @@ import numpy as np
 from hslite.datasets.fetch import ensure_file
 from hslite.datasets.io import read_cube, read_labels, read_mat
 from hslite.datasets.preprocess import check_labels
-from hslite.datasets.scene_specs import GENERATED_FILE, INDIAN_PINES_CLASS_COUNTS, SCENE_SPECS, SceneSpec
+from hslite.datasets.scene_specs import GENERATED_FILE, SCENE_SPECS, SceneSpec
 from hslite.datasets.synthetic import make_synthetic_scene
 from hslite.errors import DataError
 
 _SCENES = {spec.name: spec for spec in SCENE_SPECS}
 _UNMIXING = ("samson", "jasper_ridge")
-_SYNTHETIC_LABELLED_FRACTION = {"synthetic_tiny": 0.6, "synthetic_indian_pines": 10249 / (145 * 145)}
-_SYNTHETIC_FREQUENCIES = {"synthetic_indian_pines": INDIAN_PINES_CLASS_COUNTS}
+_TINY_LABELLED_FRACTION = 0.6  # synthetic_tiny, equal classes; stand-ins label as many pixels as their real scene
 _FOLDERS = {"indian_pines_raw": "indian_pines"}  # variants that share a folder (and ground truth) with another
 
 
@@ -128,9 +127,11 @@ def load_scene(name: str, root: str | Path | None = None, download: bool = False
     spec = get_scene_spec(name)
     if is_synthetic(name):
         height, width, bands = spec.shape
+        counts = spec.class_counts
+        labelled = _TINY_LABELLED_FRACTION if counts is None else sum(counts) / (height * width)
         cube, gt, wavelengths_nm = make_synthetic_scene(
-            height, width, bands, len(spec.class_names), _SYNTHETIC_FREQUENCIES.get(name), seed=seed,
-            labelled_fraction=_SYNTHETIC_LABELLED_FRACTION[name], wavelengths_nm=spec.wavelengths_nm,
+            height, width, bands, len(spec.class_names), counts, seed=seed, labelled_fraction=labelled,
+            wavelengths_nm=spec.wavelengths_nm,
         )  # fmt: skip
         return Scene(name, cube, gt, list(spec.class_names), wavelengths_nm)
     if name in _UNMIXING:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from scipy.spatial import cKDTree
 
 from hslite.errors import DataError
 
@@ -79,9 +80,8 @@ def _fields(height: int, width: int, num_fields: int, rng: np.random.Generator) 
     rows = rows + wobble * np.sin(cols / 5.0 + rng.uniform(0, 6.3))
     cols = cols + wobble * np.sin(rows / 6.0 + rng.uniform(0, 6.3))
     seeds = rng.uniform((0, 0), (height, width), size=(num_fields, 2))
-    distance = np.hypot(rows[..., None] - seeds[:, 0], cols[..., None] - seeds[:, 1])
-    nearest_two = np.partition(distance, 1, axis=-1)[..., :2]
-    return distance.argmin(axis=-1), nearest_two[..., 1] - nearest_two[..., 0]
+    distance, nearest = cKDTree(seeds).query(np.stack([rows.ravel(), cols.ravel()], axis=1), k=2)
+    return nearest[:, 0].reshape(height, width), (distance[:, 1] - distance[:, 0]).reshape(height, width)
 
 
 def _assign_fields(cell: np.ndarray, counts: np.ndarray, rng: np.random.Generator) -> np.ndarray:
