@@ -49,6 +49,9 @@ class BandRotation(Protocol):
     def forward(self, model: nn.Module, x: torch.Tensor, active: Sequence[int]) -> torch.Tensor:
         """Logits with only the `active` band groups encoded."""
 
+    def evaluate(self, model: nn.Module, x: torch.Tensor, grouped: GroupedForward | None = None) -> torch.Tensor:
+        """Evaluation logits of a model trained under rotation: the ensemble of the subsets training drew."""
+
 
 IGNORE_INDEX = -1
 
@@ -159,7 +162,12 @@ class HSIClassifier(pl.LightningModule):
             shard(self.model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits for a batch of patches (n, B, p, p); under channel groups for this rank's samples (own_targets)."""
+        """Logits for a batch of patches (n, B, p, p); under channel groups for this rank's samples (own_targets).
+
+        A model trained under rotation is evaluated as the ensemble of the band-group subsets it trained on.
+        """
+        if self.rotation is not None and not self.training:
+            return self.rotation.evaluate(self.model, x, self.channel_groups)
         if self.channel_groups is not None:
             return self.channel_groups(self.model, x)
         return self.model(x)

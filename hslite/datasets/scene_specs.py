@@ -102,7 +102,8 @@ SCENE_SPECS = (
                    "28447fa87f7a5797845e9a189c0da85e23b1d06a4ba7361e5ff44efbf834d2fb", 34806917),
         RemoteFile("PaviaU_gt.mat", _EHU + "5/50/PaviaU_gt.mat",
                    "23f6a426928f9b32984adffe659e29f554f9fb6c93b5a107528d308d5087a829", 11005),
-        "paviaU", "paviaU_gt", PAVIA_UNIVERSITY_CLASSES, None, None,  # the file carries no band centres; 103 of ROSIS's 115 bands over 430-860 nm
+        # the file carries no band centres: 103 of ROSIS's 115 bands over 430-860 nm
+        "paviaU", "paviaU_gt", PAVIA_UNIVERSITY_CLASSES, None, None,
         description="ROSIS over Pavia, 1.3 m pixels; 12 noisy bands already removed.",
     ),
     SceneSpec(

@@ -9,14 +9,20 @@ own G/chag, so every rank encodes the same number of groups and the token exchan
 Band-group models (channel_vit) encode only the active groups: fewer tokens, less compute and memory, and the
 inactive groups' own parameters get no gradient, so the optimiser leaves them and their moments alone that step
 (no momentum decay, no weight decay). Other models see the inactive groups' bands zeroed and the active ones scaled
-by B / active bands, as inverted dropout does; that saves nothing, and the pre-flight prices it so. Evaluation
-always uses every group.
+by B / active bands, as inverted dropout does; that saves nothing, and the pre-flight prices it so.
+
+Evaluation uses every band. A band-group model is evaluated as the ensemble it was trained as: every group is encoded
+once, and the class probabilities are averaged over the group subsets training draws (`evaluation_subsets`). Its
+across-group attention never saw all G groups at once in training, and fed them all it falls apart: on unseen
+blocks of a synthetic scene, 21 % OA with all 4 groups against 54 % for the ensemble of pairs (and 54 % for the same
+model trained on every group). Masked models see every band, unscaled, as after inverted dropout.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -42,6 +48,7 @@ def check_rotation(num_groups: int, active: int, chag: int = 1) -> None:
 
 
 DEFAULT_GROUPS = 4  # for models without band groups of their own: one per spectral region
+MAX_EVALUATION_SUBSETS = 16  # beyond C(G, k) = 16 (G=8, k=4 has 70), the first distinct subsets the schedule draws
 
 
 class RotationSchedule:
@@ -71,3 +78,34 @@ class RotationSchedule:
         for g in active:
             mask[self.band_groups[g][0] : self.band_groups[g][1]] = 1.0
         return model(x * (mask * (x.shape[1] / mask.sum()))[None, :, None, None])
+
+    def evaluation_subsets(self) -> list[list[int]]:
+        """The group subsets evaluation averages over: every one training can draw, or the first 16 it draws."""
+        choices = itertools.combinations(range(self.per_rank), self.active_per_rank)
+        every = [sorted(owned[i] for owned in self.owners for i in chosen) for chosen in choices]
+        if len(every) <= MAX_EVALUATION_SUBSETS:
+            return every
+        drawn: list[list[int]] = []
+        step = 0
+        while len(drawn) < MAX_EVALUATION_SUBSETS:
+            if (active := self.active_groups(step)) not in drawn:
+                drawn.append(active)
+            step += 1
+        return drawn
+
+    def evaluate(self, model: nn.Module, x: Tensor, grouped: Callable[..., Tensor] | None = None) -> Tensor:
+        """Evaluation logits: log of the class probabilities averaged over `evaluation_subsets` (band-group models).
+
+        `grouped` is the channel-group forward under chag (each subset then encodes its groups on their ranks);
+        without it every group is encoded once and only aggregation and head run per subset. Masked models see
+        every band.
+        """
+        if not hasattr(model, "encode_groups"):
+            return model(x)
+        subsets = self.evaluation_subsets()
+        if grouped is not None:
+            logits = [grouped(model, x, subset) for subset in subsets]
+        else:
+            tokens = model.encode_groups(x, range(self.num_groups))
+            logits = [model.head(model.aggregate(tokens[:, subset], subset)) for subset in subsets]
+        return torch.stack([z.log_softmax(dim=-1) for z in logits]).logsumexp(dim=0) - math.log(len(logits))
