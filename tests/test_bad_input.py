@@ -442,7 +442,7 @@ PREDICT_CASES = [
         {BEST: _torch_file(_foreign_weights)},
         {},
         1,
-        ("best.ckpt", "does not hold this run's CNN1D", "Missing key(s)"),
+        ("best.ckpt", "does not hold this run's CNN3D", "Missing key(s)"),
         id="checkpoint-of-another-model",
     ),
     pytest.param(

@@ -213,7 +213,7 @@ def test_a_multi_device_row_gets_a_reference_row_for_its_verdicts_best_single_de
         "vit dp2 (reference)",
         "quickstart (auto) (reference)",
     ]
-    for entry, model in zip(added, ("cnn1d", "channel_vit", "cnn1d"), strict=True):
+    for entry, model in zip(added, ("cnn3d", "channel_vit", "cnn3d"), strict=True):
         assert plan_from_config(entry.cfg) == best and entry.cfg.model.name == model
         assert entry.cfg.parallel.plan == "manual" and entry.cfg.preflight.enforce is False  # measured as it is
     assert added[2].cfg.train.lr == 0.01

@@ -109,7 +109,7 @@ def test_unknown_topology_is_a_usage_error(capsys):
             ["parallel.devices=2", "parallel.chag=2", "model.name=channel_vit", "parallel.fsdp=true"],
             "fsdp cannot be combined with chag or rotation_groups",
         ),
-        (["parallel.devices=2", "parallel.chag=2"], "CNN1D has none: use model.name=channel_vit, or parallel.chag=1"),
+        (["parallel.devices=2", "parallel.chag=2"], "CNN3D has none: use model.name=channel_vit, or parallel.chag=1"),
         (
             ["parallel.devices=3", "parallel.chag=3", "model.name=channel_vit"],
             "parallel.chag=3 must divide the model's 4 band groups (each rank owns the same number): "
