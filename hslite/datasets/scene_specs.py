@@ -51,6 +51,23 @@ _IP_KEPT = tuple(i for i in range(220) if i not in INDIAN_PINES_WATER_BANDS)
 INDIAN_PINES_200_NM = tuple(INDIAN_PINES_220_NM[i] for i in _IP_KEPT)
 
 
+def _stand_in(
+    real: str,
+    title: str,
+    shape: tuple[int, int, int],
+    classes: tuple[str, ...],
+    counts: tuple[int, ...],
+    wavelengths_nm: tuple[float, ...] | None = None,
+    where: str = "",
+) -> SceneSpec:
+    """`synthetic_<real>`: the real scene's size, bands, classes and class counts, with synthetic spectra."""
+    return SceneSpec(
+        f"synthetic_{real}", f"Synthetic {title}", "synthetic", shape, GENERATED_FILE, GENERATED_FILE, None, None,
+        classes, None, wavelengths_nm, class_counts=counts,
+        description=f"{title} sizes, bands and class counts with synthetic spectra{where}.",
+    )  # fmt: skip
+
+
 def _even_nm(first: float, last: float, bands: int) -> tuple[float, ...]:
     """Band centres evenly spaced over a sensor's range, for a stand-in of a scene whose file carries none."""
     return tuple(first + (last - first) * i / (bands - 1) for i in range(bands))
@@ -177,31 +194,13 @@ SCENE_SPECS = (
         None, None, ("Class 1", "Class 2", "Class 3", "Class 4"), None, None,
         description="Linear mixture of synthetic spectra over 400-2500 nm, for tests and demos.",
     ),
-    SceneSpec(
-        "synthetic_indian_pines", "Synthetic Indian Pines", "synthetic", (145, 145, 200),
-        GENERATED_FILE, GENERATED_FILE, None, None, INDIAN_PINES_CLASSES, None, INDIAN_PINES_200_NM,
-        description="Indian Pines sizes, bands and class counts with synthetic spectra; no download needed.",
-        class_counts=INDIAN_PINES_CLASS_COUNTS,
-    ),
+    _stand_in("indian_pines", "Indian Pines", (145, 145, 200), INDIAN_PINES_CLASSES, INDIAN_PINES_CLASS_COUNTS,
+              INDIAN_PINES_200_NM, "; no download needed"),
     # Stand-ins for the scenes whose cubes are large or distributed under registration: the recipes of those scenes
-    # run on them where the real files are absent (benchmarks/time_to_accuracy.py). Same size, bands, classes and
-    # class counts; the spectra are the synthetic mixtures, over the sensor's range where it is known.
-    SceneSpec(
-        "synthetic_pavia_university", "Synthetic Pavia University", "synthetic", (610, 340, 103),
-        GENERATED_FILE, GENERATED_FILE, None, None, PAVIA_UNIVERSITY_CLASSES, None, _even_nm(430, 860, 103),
-        description="Pavia University sizes, bands (430-860 nm) and class counts with synthetic spectra.",
-        class_counts=PAVIA_UNIVERSITY_CLASS_COUNTS,
-    ),
-    SceneSpec(
-        "synthetic_salinas", "Synthetic Salinas", "synthetic", (512, 217, 204),
-        GENERATED_FILE, GENERATED_FILE, None, None, SALINAS_CLASSES, None, None,
-        description="Salinas sizes, bands and class counts with synthetic spectra.",
-        class_counts=SALINAS_CLASS_COUNTS,
-    ),
-    SceneSpec(
-        "synthetic_houston2013", "Synthetic Houston 2013", "synthetic", (349, 1905, 144),
-        GENERATED_FILE, GENERATED_FILE, None, None, HOUSTON2013_CLASSES, None, _even_nm(380, 1050, 144),
-        description="Houston 2013 sizes, bands (380-1050 nm) and class counts with synthetic spectra.",
-        class_counts=HOUSTON2013_CLASS_COUNTS,
-    ),
+    # run on them where the real files are absent (benchmarks/time_to_accuracy.py).
+    _stand_in("pavia_university", "Pavia University", (610, 340, 103), PAVIA_UNIVERSITY_CLASSES,
+              PAVIA_UNIVERSITY_CLASS_COUNTS, _even_nm(430, 860, 103), " over 430-860 nm"),
+    _stand_in("salinas", "Salinas", (512, 217, 204), SALINAS_CLASSES, SALINAS_CLASS_COUNTS),
+    _stand_in("houston2013", "Houston 2013", (349, 1905, 144), HOUSTON2013_CLASSES, HOUSTON2013_CLASS_COUNTS,
+              _even_nm(380, 1050, 144), " over 380-1050 nm"),
 )  # fmt: skip
