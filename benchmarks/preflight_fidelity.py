@@ -50,7 +50,13 @@ class Case:
 
     def overrides(self) -> list[str]:
         """Recipe overrides that set this plan."""
-        model = [f"model.name={self.model}", f"model.size={self.size}", f"data.patch_size={self.patch_size}"]
+        model = [
+            f"model.name={self.model}",
+            f"model.size={self.size}",
+            f"data.patch_size={self.patch_size}",
+            "data.pca_components=0",
+            "data.augment=false",
+        ]  # the same work whichever recipe a row starts from
         return [*model, *self.plan.overrides().split()]
 
     def row(self) -> RowSpec:
