@@ -1,7 +1,8 @@
 """LightningDataModule for one scene.
 
 prepare_data fetches files; setup builds the split, the normalisation fitted on training pixels only, and patch
-datasets that gather whole batches in one indexing op.
+datasets that gather whole batches in one indexing op. Over 300 lines: one LightningDataModule, its loaders and the
+properties a run reads of its scene, which belong together.
 """
 
 from __future__ import annotations
@@ -177,7 +178,14 @@ class HSIDataModule(lightning.LightningDataModule):
         everywhere = np.stack(np.divmod(np.arange(rows * cols), cols), axis=1)  # row-major
         self._datasets["predict"] = PatchDataset(gatherer, everywhere, scene.gt.reshape(-1) - 1)
         self._scene, self._split, self._kept_bands, self._wavelengths = scene, split, kept, wavelengths
+        self._gatherer = gatherer
         self._num_bands = int(cube.shape[2])
+
+    def train_on_validation_too(self) -> None:
+        """Train on the training and validation pixels (`train.refit`); normalisation and PCA stay as fitted."""
+        coords = np.concatenate([self.split.train, self.split.val])
+        labels = self.scene.gt[coords[:, 0], coords[:, 1]] - 1
+        self._datasets["train"] = PatchDataset(self._gatherer, coords, labels, self.augment, self.seed)
 
     def _load_or_make_split(self, gt: np.ndarray) -> Split:
         if self.split_file is None:

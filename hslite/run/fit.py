@@ -38,6 +38,7 @@ from hslite.run.checkpoints import AtomicCheckpointIO, BestCheckpoint, LastCheck
 from hslite.run.evaluate import batch_limit, predictions
 from hslite.run.folder import RunFolder, check_writable
 from hslite.run.outputs import print_summary, write_json, write_scene_outputs
+from hslite.run.refit import refit
 from hslite.run.resume import LAST, check_checkpoint_config, flat_config
 from hslite.run.training_state import TrainingState
 from hslite.task import HSIClassifier
@@ -175,6 +176,10 @@ def _train_and_evaluate(
     best = Path(checkpoint.best_model_path).resolve() if checkpoint and checkpoint.best_model_path else None
     if best is not None:
         task.load_state_dict(load_weights(best))
+    refitted = None
+    if cfg.train.refit:
+        epochs = int(read_checkpoint(best)["epoch"]) + 1 if best is not None else trainer.current_epoch
+        task, refitted = refit(cfg, plan, datamodule, run.path, epochs)
     scored, predicted = predictions(cfg, plan, datamodule, task)
     scene, test = datamodule.scene, datamodule.split.test
     targets = scene.gt[test[: len(scored), 0], test[: len(scored), 1]] - 1
@@ -183,6 +188,7 @@ def _train_and_evaluate(
     return {
         **_metrics(scores, trainer, train_seconds, plan, datamodule),
         "best_checkpoint": str(best.relative_to(run.path.resolve())) if best else None,
+        "refit": refitted,
         "confusion_matrix": scores["confusion_matrix"].tolist(),
     }
 

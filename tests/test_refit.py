@@ -1,0 +1,48 @@
+"""`train.refit`: validation chooses the epoch, a fresh model trains on training + validation pixels, and that is
+the model the run tests, maps and hands to `hslite predict`."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+import rasterio
+from quick_fit import NO_PREFLIGHT, QUICK_FIT
+
+from hslite.cli import main
+from hslite.errors import ConfigError
+from hslite.recipe.config import load_config
+
+
+def _chosen_epochs(run) -> int:
+    """The epoch BestCheckpoint kept: the best val/OA, a tie going to the later epoch; counted from 1."""
+    with (run / "logs" / "metrics.csv").open() as f:
+        scores = [(float(r["val/OA"]), int(r["epoch"])) for r in csv.DictReader(f) if r.get("val/OA")]
+    return max(scores)[1] + 1
+
+
+@pytest.mark.filterwarnings("ignore::rasterio.errors.NotGeoreferencedWarning")  # synthetic_tiny has no georeference
+def test_refit_trains_on_training_and_validation_pixels_for_the_epochs_validation_chose(tmp_path):
+    args = [*QUICK_FIT, NO_PREFLIGHT, "train.max_epochs=5", "train.refit=true", "output.save_map=true",
+            "data.train_fraction=0.3", "data.val_fraction=0.3", f"output.root={tmp_path}"]  # fmt: skip
+    assert main(["fit", *args]) == 0
+    (run,) = (tmp_path / "quickstart").iterdir()
+    metrics = json.loads((run / "metrics.json").read_text())
+    pixels = metrics["split_protocol"]["pixels"]
+    assert metrics["refit"]["epochs"] == _chosen_epochs(run)
+    assert metrics["refit"]["train_pixels"] == pixels["train"] + pixels["val"]
+    with (run / "logs" / "refit" / "metrics.csv").open() as f:
+        epochs = {int(r["epoch"]) for r in csv.DictReader(f)}
+    assert max(epochs) + 1 == metrics["refit"]["epochs"]  # the second training ran those epochs, and no more
+    # The tested model is the refit one, and predict loads it: its map of the scene is the run's own.
+    assert main(["predict", f"run={run}", "progress=false"]) == 0
+    (out,) = (run / "predict").iterdir()
+    with rasterio.open(run / "prediction.tif") as ours, rasterio.open(out / "prediction.tif") as theirs:
+        np.testing.assert_array_equal(ours.read(), theirs.read())
+
+
+def test_refit_is_refused_for_several_devices():
+    with pytest.raises(ConfigError, match=r"train.refit=true trains a second time on one device, and this plan has 2"):
+        load_config("quickstart_cpu2", ["train.refit=true"])
