@@ -17,7 +17,13 @@ import torch
 from hslite.cli import main
 from hslite.run.checkpoints import BestCheckpoint, atomic_torch_save, load_weights
 
-QUICK = ["data.scene=synthetic_tiny", "train.progress=false", "output.save_map=false", "preflight.probe_steps=2"]
+QUICK = [
+    "data.scene=synthetic_tiny",
+    "train.progress=false",
+    "output.save_map=false",
+    "preflight.probe_steps=2",
+    "train.refit=false",
+]  # best.ckpt is the best validation epoch's, not a refit's (tests/test_refit.py)
 
 
 def _hslite() -> list[str]:

@@ -52,6 +52,7 @@ MEASURE_OVERRIDES = (
     "train.progress=false",
     "output.save_map=false",
     "output.save_checkpoint=false",
+    "train.refit=false",  # a row is timed on its first training: a refit would train it all again
     "preflight.enabled=true",  # the prediction of a measured row is the pre-flight fit runs before training
     "preflight.enforce=false",
 )

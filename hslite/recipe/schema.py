@@ -82,7 +82,7 @@ class TrainConfig:
     seed: int = ranged(0, SEED)  # seeds Python, NumPy, torch and the split
     class_weights: bool = False  # weight the loss by inverse class frequency of the training pixels
     # once validation has chosen the epoch, train afresh on training + validation pixels for that many epochs and test
-    # that model, as an SVM's grid search refits (run/refit.py); one device
+    # that model, as an SVM's grid search refits (run/refit.py)
     refit: bool = False
     limit_train_batches: float = ranged(1.0, *BATCH_LIMIT)  # share (≤ 1.0) or count (> 1) of training batches per epoch
     limit_val_batches: float = ranged(1.0, *BATCH_LIMIT)  # share or count of validation batches per epoch
@@ -169,12 +169,6 @@ def check_config(cfg: Config) -> Config:
     if d.split == "count" and d.train_per_class < 1:
         problems.append(
             f"data.split=count needs data.train_per_class ≥ 1 (training pixels per class), got {d.train_per_class}."
-        )
-    devices = cfg.parallel.devices * cfg.parallel.num_nodes
-    if cfg.train.refit and devices > 1:
-        problems.append(
-            f"train.refit=true trains a second time on one device, and this plan has {devices}: set "
-            "train.refit=false, or parallel.devices=1 parallel.num_nodes=1."
         )
     for key, value, choices in (
         ("parallel.plan", cfg.parallel.plan, ("manual", "auto")),

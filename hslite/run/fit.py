@@ -178,7 +178,7 @@ def _train_and_evaluate(
         task.load_state_dict(load_weights(best))
     refitted = None
     if cfg.train.refit:
-        epochs = int(read_checkpoint(best)["epoch"]) + 1 if best is not None else trainer.current_epoch
+        epochs = int(read_checkpoint(best)["epoch"]) + 1 if best is not None else max(1, trainer.current_epoch)
         task, refitted = refit(cfg, plan, datamodule, run.path, epochs)
     scored, predicted = predictions(cfg, plan, datamodule, task)
     scene, test = datamodule.scene, datamodule.split.test
