@@ -288,6 +288,6 @@ def test_measured_comparison_of_one_and_two_processes(tmp_path, monkeypatch, cap
     metrics = json.loads((folder / two["run_dir"] / "metrics.json").read_text())
     assert metrics["plan"]["devices"] == 2 and not (folder / two["run_dir"] / "checkpoints").exists()
     # Plain DDP all-reduces its fp32 gradients once per optimiser step: the ring formula, labelled as computed.
-    cfg = load_config("quickstart_cpu2", QUICK)
+    cfg = load_config("quickstart", [*QUICK, "parallel.devices=2", "data.batch_size=32"])  # the dp2 row's model
     params = sum(p.numel() for p in build_model(cfg, prepared_datamodule(cfg)).parameters())
     assert two["comm_bytes_source"] == "computed" and two["comm_bytes_per_step"] == wire_bytes(params, 2, "none")
