@@ -140,3 +140,22 @@ def test_rotation_trains_as_well_as_every_band_on_unseen_blocks(tmp_path):
           for k in (0, 2)}  # fmt: skip
     assert oa[0] > 0.4, oa  # 4 classes: the model learns the scene at all
     assert oa[2] > oa[0] - 0.1, oa
+
+
+@pytest.mark.filterwarnings("ignore::rasterio.errors.NotGeoreferencedWarning")  # synthetic_tiny has no georeference
+def test_predict_maps_a_rotation_run_as_fit_evaluated_it(tmp_path):
+    """`hslite predict` calls the model as fit's evaluation did (the subsets' ensemble), so its map is the run's own."""
+    import numpy as np
+    import rasterio
+
+    from hslite.cli import main
+
+    args = ["recipe=indian_pines_1gpu_rotation", "data.scene=synthetic_tiny", "data.patch_size=3",
+            "train.max_epochs=3", "train.progress=false", "output.save_map=true", "preflight.enabled=false",
+            f"output.root={tmp_path}"]  # fmt: skip
+    assert main(["fit", *args]) == 0
+    (run,) = (tmp_path / "indian_pines_1gpu_rotation").iterdir()
+    assert main(["predict", f"run={run}", "progress=false"]) == 0
+    (out,) = (run / "predict").iterdir()
+    with rasterio.open(run / "prediction.tif") as ours, rasterio.open(out / "prediction.tif") as theirs:
+        np.testing.assert_array_equal(ours.read(), theirs.read())

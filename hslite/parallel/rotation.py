@@ -109,3 +109,15 @@ class RotationSchedule:
             tokens = model.encode_groups(x, range(self.num_groups))
             logits = [model.head(model.aggregate(tokens[:, subset], subset)) for subset in subsets]
         return torch.stack([z.log_softmax(dim=-1) for z in logits]).logsumexp(dim=0) - math.log(len(logits))
+
+
+class SubsetEnsemble(nn.Module):
+    """A band-group model trained under rotation, called as evaluation calls it (`hslite predict` loads runs so)."""
+
+    def __init__(self, model: nn.Module, schedule: RotationSchedule) -> None:
+        super().__init__()
+        self.model, self.schedule = model, schedule
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Evaluation logits: `RotationSchedule.evaluate` of the wrapped model."""
+        return self.schedule.evaluate(self.model, x)

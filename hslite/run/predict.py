@@ -33,6 +33,7 @@ from hslite.datasets.patches import PatchGatherer
 from hslite.datasets.preprocess import patch_radius
 from hslite.datasets.scenes import load_scene, to_label_codes
 from hslite.errors import ConfigError, DataError
+from hslite.parallel.rotation import RotationSchedule, SubsetEnsemble
 from hslite.recipe.build import model_for
 from hslite.recipe.config import load_config, parse_overrides
 from hslite.recipe.schema import Config
@@ -124,6 +125,9 @@ def load_run(run_dir: Path) -> tuple[Config, FittedPreprocessing, nn.Module]:
     except RuntimeError as err:
         detail = " ".join(line.strip() for line in str(err).splitlines()[1:3])  # the missing / unexpected keys
         raise DataError(f"{checkpoint} does not hold this run's {type(model).__name__}: {detail}") from err
+    p = cfg.parallel
+    if p.rotation_groups and hasattr(model, "encode_groups"):  # evaluated as fit evaluated it: the subsets' ensemble
+        model = SubsetEnsemble(model, RotationSchedule(model.band_groups, p.rotation_groups, cfg.train.seed, p.chag))
     return cfg, prep, model
 
 
