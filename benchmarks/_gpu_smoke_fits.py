@@ -253,6 +253,7 @@ def check_calibration(ctx: Context) -> None:
     rows = [RowSpec(tag, "quickstart", [*_quick(ctx), f"parallel.precision={CALIBRATED[tag]}"]) for tag in tags]
     if ctx.cuda:
         rows.append(RowSpec("hybridsn_bf16", "indian_pines_1gpu", ["data.scene=synthetic_indian_pines",
+                            "model.name=hybridsn", "data.pca_components=30", "data.patch_size=25",  # the paper's input
                             "parallel.accelerator=gpu", "parallel.precision=bf16-mixed"]))  # fmt: skip
     else:
         report("SKIP", "e.hybridsn_fit", "--dry-run: HybridSN at patch 25 (the compute-heavy model that calibrates "
