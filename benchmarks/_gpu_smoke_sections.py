@@ -11,6 +11,7 @@ import json
 import os
 import platform
 import re
+import sys
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from time import perf_counter
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -82,6 +83,19 @@ def checking(check: str) -> Iterator[None]:
     except Exception as err:
         traceback.print_exc()
         report("FAIL", check, one_line(err))
+
+
+def exit_skipping_finalization(code: int) -> NoReturn:
+    """End this process once its lines are flushed, without running the interpreter's finalization.
+
+    After `destroy_process_group` torch's gloo worker threads can still try to take the GIL while the interpreter is
+    being torn down; Python 3.11 ends such a thread with a forced unwind, which a noexcept C++ frame turns into
+    `std::terminate` ("terminate called without an active exception", SIGABRT) after every check has passed and been
+    printed (pytorch/pytorch#179291). Seen once in CI; a check's verdict must not depend on it.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def synchronize(device: torch.device) -> None:
@@ -305,6 +319,7 @@ def _two_rank_worker(rank: int, ctx: Context) -> None:
                 results[name] = ("FAIL", one_line(err))
     (ctx.work / f"c.rank{rank}.json").write_text(json.dumps(results))
     dist.destroy_process_group()
+    exit_skipping_finalization(0)  # a clean end for mp.spawn, whose child would otherwise finalize (see there)
 
 
 def check_two_ranks(ctx: Context) -> None:

@@ -234,12 +234,12 @@ def main() -> int:
     if args.section:
         import importlib
 
-        from _gpu_smoke_sections import Context
+        from _gpu_smoke_sections import Context, exit_skipping_finalization
 
         context = Context(dry_run=args.dry_run, work=args.work, out=args.out)
         for check in importlib.import_module(SECTIONS[args.section][0]).PARTS[args.section]:
             check(context)
-        return 0
+        exit_skipping_finalization(0)  # every check line is out; torch's teardown may abort after them
     args.out.mkdir(parents=True, exist_ok=True)
     smoke = Smoke(args.out)
     print(f"gpu_smoke{' --dry-run' if args.dry_run else ''}: outputs in {args.out}", flush=True)
