@@ -155,3 +155,37 @@ def test_the_kind_a_relaxed_run_ended_with_is_read_back_from_its_logged_level():
     assert kind_at_level("fp16", 16) == "fp16" and kind_at_level("fp16", 32) == "none"
     with pytest.raises(ConfigError, match="no compression reachable"):
         kind_at_level("bf16", 8)  # the guard never tightens
+
+
+EXITING_RANK = """
+import atexit
+import torch
+import torch.distributed as dist
+import hslite.parallel.strategies as strategies
+from hslite.parallel.fsdp import ShardedStrategy
+
+# registered first, so it runs last: what the interpreter's finalization will find
+atexit.register(lambda: print("group alive at finalization:", dist.is_initialized(), flush=True))
+assert all(issubclass(s, strategies.DestroyedAtExit) for s in (strategies.FencedDDPStrategy, ShardedStrategy))
+destroy = strategies._destroy_default_group
+strategies._destroy_default_group = lambda: print("destroying", flush=True) or destroy()
+
+class Base:
+    def setup_environment(self):
+        if not dist.is_initialized():
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+
+class Rank(strategies.DestroyedAtExit, Base):
+    pass
+
+for _ in range(2):  # a process that fits twice destroys once
+    Rank().setup_environment()
+dist.all_reduce(torch.ones(4))
+"""
+
+
+def test_every_strategy_destroys_its_gloo_group_before_the_interpreter_finalizes():
+    """Lightning destroys only "nccl" groups at exit; a gloo worker alive at finalization can abort a finished rank."""
+    proc = subprocess.run([sys.executable, "-c", EXITING_RANK], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines() == ["destroying", "group alive at finalization: False"], proc.stdout

@@ -21,16 +21,17 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch import nn
 
 from hslite.parallel.fsdp_policy import shard_model
-from hslite.parallel.strategies import FencedBarrier
+from hslite.parallel.strategies import DestroyedAtExit, FencedBarrier
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
 
-class ShardedStrategy(FencedBarrier, ModelParallelStrategy):
+class ShardedStrategy(DestroyedAtExit, FencedBarrier, ModelParallelStrategy):
     """FSDP2 over every rank, spawned, with full-state checkpoints and fenced barriers; the task shards with it.
 
-    `HSIClassifier.configure_model` calls `shard`; `strategies.FencedBarrier` says why barriers wait longer.
+    `HSIClassifier.configure_model` calls `shard`; `strategies.FencedBarrier` says why barriers wait longer and
+    `strategies.DestroyedAtExit` why each rank destroys its group at exit.
     """
 
     def __init__(self, world_size: int, precision: str, backend: str, timeout: timedelta) -> None:

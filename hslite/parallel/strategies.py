@@ -8,6 +8,7 @@ Build them directly (no registry name): `Trainer(strategy=CompressedDDPStrategy(
 
 from __future__ import annotations
 
+import atexit
 import inspect
 from datetime import timedelta
 from typing import Any
@@ -60,8 +61,29 @@ class FencedBarrier:
             dist.barrier(**FENCE_BARRIER_KWARGS)
 
 
-class FencedDDPStrategy(FencedBarrier, DDPStrategy):
-    """Lightning's DDPStrategy with fenced barriers (FencedBarrier)."""
+def _destroy_default_group() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+class DestroyedAtExit:
+    """Destroys the rank's process group when its interpreter exits, on every backend, while Python is still alive.
+
+    Lightning registers that only when the backend is exactly "nccl" (`_init_dist_connection`); hslite's groups are
+    "gloo" on CPUs and "cuda:nccl,cpu:gloo" on GPUs. Without it a rank exits with gloo's worker threads alive, and a
+    worker that frees a tensor while the interpreter finalizes takes the GIL and aborts the rank after a successful
+    run (SIGABRT, "terminate called without an active exception"; pytorch/pytorch#179291; seen in CI on a 2-rank
+    FSDP fit). `destroy_process_group` joins those threads.
+    """
+
+    def setup_environment(self) -> None:  # noqa: D102 - Lightning's hook; the group exists once it returns
+        super().setup_environment()  # type: ignore[misc]
+        atexit.unregister(_destroy_default_group)  # once, however many fits this process runs
+        atexit.register(_destroy_default_group)
+
+
+class FencedDDPStrategy(DestroyedAtExit, FencedBarrier, DDPStrategy):
+    """Lightning's DDPStrategy with fenced barriers (FencedBarrier), its group destroyed at exit (DestroyedAtExit)."""
 
 
 class CompressedDDPStrategy(FencedDDPStrategy):
