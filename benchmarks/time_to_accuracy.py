@@ -194,7 +194,8 @@ def _spread(values: list[float]) -> float:
 
 
 def _print_seed(scene: str, protocol: str, seed: int, method: str, s: Score) -> None:
-    to_svm = "" if method.startswith("RBF") else f"  to SVM {_to_svm_text([s.to_svm])} s"
+    reached = "never" if s.to_svm is None else f"{s.to_svm:.1f} s"
+    to_svm = "" if method.startswith("RBF") else f"  to SVM {reached}"
     print(
         f"  seed {seed} {scene} {protocol} {method}: OA {100 * s.oa:.2f} % AA {100 * s.aa:.2f} % "
         f"kappa {s.kappa:.3f} in {s.seconds:.1f} s{to_svm}{'  ' + s.note if s.note else ''}",
