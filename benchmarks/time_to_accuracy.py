@@ -203,12 +203,12 @@ def _print_seed(scene: str, protocol: str, seed: int, method: str, s: Score) -> 
     )
 
 
-def _print_table(results: dict[tuple[str, str, str], list[Score]]) -> None:
+def _print_table(results: dict[tuple[str, str, str, str], list[Score]]) -> None:
     print(
         f"\n{'scene':32} {'split':11} {'method':40} {'seeds':>5} {'OA % (mean ± sd)':>17} {'min OA':>6} "
         f"{'AA %':>6} {'kappa':>6} {'wall s':>7} {'to SVM s':>10}  note"
     )
-    for (scene, protocol, method), scores in results.items():
+    for (scene, protocol, _, method), scores in results.items():  # a recipe's row, then the SVMs on its splits
         oa = [100 * s.oa for s in scores]
         to_svm = "-" if method.startswith("RBF") else _to_svm_text([s.to_svm for s in scores])
         notes = sorted({s.note for s in scores if s.note and not method.startswith("RBF")})
@@ -236,8 +236,9 @@ def main() -> int:
     # present, as the recipes' AA is, and scikit-learn's warning says only that.
     warnings.filterwarnings("ignore", "y_pred contains classes not in y_true")
 
-    results: dict[tuple[str, str, str], list[Score]] = defaultdict(list)
-    pairs: list[tuple[tuple[str, str, str], tuple[str, str, str], tuple[str, str, str]]] = []
+    # keyed by recipe too: recipes of one scene may split it differently (patch margins), so each has its own SVMs
+    results: dict[tuple[str, str, str, str], list[Score]] = defaultdict(list)
+    pairs: list[tuple[tuple[str, str, str, str], ...]] = []
     with tempfile.TemporaryDirectory(prefix="hslite-tta-") as tmp:
         for i, recipe in enumerate(args.recipes or _one_device_recipes()):
             scene, why = _scene_to_run(recipe, data_root)
@@ -249,15 +250,15 @@ def main() -> int:
             if args.max_epochs:
                 note = ", ".join(filter(None, [note, f"capped at {args.max_epochs} epochs"]))
             for protocol in args.protocols:
-                ours = (scene, protocol, f"hslite {recipe}")
-                pairs.append((ours, *((scene, protocol, method) for method in SVM_METHODS)))  # type: ignore[arg-type]
+                ours = (scene, protocol, recipe, f"hslite {recipe}")
+                pairs.append((ours, *((scene, protocol, recipe, method) for method in SVM_METHODS)))
                 for seed in args.seeds:
                     overrides = [f"train.seed={seed}", *args.set, *capped]
                     run = _fit(recipe, scene, protocol, overrides, data_root, Path(tmp) / f"{i}-{protocol}-{seed}")
                     svms = [_svm(run, with_mean) for with_mean in (False, True)]
                     score = _recipe_score(run, max(val_oa for _, val_oa in svms), note)
-                    for method, result in ((ours[2], score), *zip(SVM_METHODS, (s for s, _ in svms), strict=True)):
-                        results[(scene, protocol, method)].append(result)
+                    for method, result in ((ours[3], score), *zip(SVM_METHODS, (s for s, _ in svms), strict=True)):
+                        results[(scene, protocol, recipe, method)].append(result)
                         _print_seed(scene, protocol, seed, method, result)
     if not pairs:
         print("no recipe ran: pass --data-root or --recipes of a synthetic scene")
