@@ -52,8 +52,15 @@ def test_rotation_settings_that_cannot_work_are_config_errors():
 
 
 def _groups_params(model: nn.Module, group: int) -> dict[str, nn.Parameter]:
-    names = ("band_embeddings", "group_queries", "group_embeddings")
-    return {f"{name}.{group}": getattr(model, name)[group] for name in names}
+    """Every parameter of band group `group`'s own: its band embeddings, query, spectrum projection, group embedding."""
+    prefixes = [f"{name}.{group}" for name in ("band_embeddings", "group_queries", "group_spectra", "group_embeddings")]
+    own = {
+        name: p
+        for name, p in model.named_parameters()
+        if any(name.split(".")[:2] == pre.split(".") for pre in prefixes)
+    }
+    assert len(own) == 5  # the projection has a weight and a bias
+    return own
 
 
 def test_inactive_groups_get_no_gradient_and_keep_their_optimiser_state():
