@@ -90,11 +90,13 @@ def _cmd_recipes(args: argparse.Namespace) -> int:
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
-    from hslite.models import describe_models
+    from hslite.models import describe_models, plugin_errors
 
     for name, description in describe_models().items():
         print(f"{name:<15} {description}")
-    return 0
+    for sentence in plugin_errors():
+        print(f"hslite: error: {sentence}", file=sys.stderr)
+    return 1 if plugin_errors() else 0
 
 
 def _cmd_data(args: argparse.Namespace) -> int:

@@ -154,6 +154,7 @@ def test_single_device_plan_is_go_when_it_fits():
     assert verdict.go and verdict.efficiency == pytest.approx(1.0)
     assert "always GO" in verdict.reasons[0]
     assert verdict.best_single == requested == verdict.best_passing
+    assert verdict.better_plan is None and verdict.to_dict()["better_plan"] is None  # nothing to run instead
 
 
 def _states_dominate(plan: Plan) -> ProbeResult:  # parameters + optimiser state: 3.2 GB of the 3.4 GB
@@ -171,6 +172,8 @@ def test_plan_that_does_not_fit_is_no_go_and_fsdp_is_the_alternative():
     assert any("no single-device plan fits" in r for r in verdict.reasons)
     assert verdict.best_passing is not None and verdict.best_passing.fsdp
     assert verdict.predictions[verdict.best_passing].fits_memory
+    assert verdict.better_plan == verdict.best_passing
+    assert verdict.to_dict()["better_plan"] == verdict.best_passing.describe()
 
 
 def test_activation_bound_plan_is_no_go_with_accumulation_alternative():

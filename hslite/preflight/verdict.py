@@ -61,6 +61,13 @@ class Verdict:
         return "UNDECIDED" if self.go is None else ("GO" if self.go else "NO-GO")
 
     @property
+    def better_plan(self) -> Plan | None:
+        """The plan to run instead: the fastest passing one when the requested plan is NO-GO, else None."""
+        if self.go is False and self.best_passing is not None and self.best_passing != self.requested:
+            return self.best_passing
+        return None
+
+    @property
     def exit_code(self) -> int:
         """0 for GO, 3 for NO-GO (DESIGN §3), 4 when it cannot be decided on this box."""
         return {"GO": 0, "NO-GO": NO_GO_EXIT_CODE, "UNDECIDED": UNDECIDED_EXIT_CODE}[self.decision]
@@ -82,6 +89,7 @@ class Verdict:
             "best_single": self.best_single.describe() if self.best_single else None,
             "best_passing": self.best_passing.describe() if self.best_passing else None,
             "best_passing_plan": self.best_passing.to_dict() if self.best_passing else None,
+            "better_plan": self.better_plan.describe() if self.better_plan else None,
             "requested_prediction": self.predictions[self.requested].to_dict(),
             "rows": self.rows,
         }

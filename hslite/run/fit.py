@@ -5,7 +5,7 @@
     result = fit(load_config("salinas_a_1gpu", ["data.root=../shared/data"]))
     print(result.run_dir, result.metrics["OA"])
 
-The CLI and `compare` both call `fit`; nothing here parses command lines.
+The CLI, `compare` and `hslite.fit` (hslite/api.py) call `fit`; nothing here parses command lines.
 """
 
 from __future__ import annotations
@@ -51,6 +51,12 @@ class RunResult:
     run_dir: Path
     metrics: dict[str, Any]
     plan: Plan
+
+    @property
+    def best_checkpoint(self) -> Path | None:
+        """checkpoints/best.ckpt (what `hslite predict` loads), or None when output.save_checkpoint=false."""
+        path = self.run_dir / "checkpoints" / "best.ckpt"
+        return path if path.is_file() else None
 
 
 def _gate(cfg: Config, plan: Plan, datamodule: HSIDataModule) -> Verdict | None:

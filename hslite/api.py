@@ -1,0 +1,148 @@
+"""The Python API: the CLI's commands as calls that return objects instead of exit codes.
+
+    import hslite
+    run = hslite.fit("salinas_a_1gpu", {"data.root": "../shared/data", "train.max_epochs": 30})
+    run.metrics["OA"], run.run_dir, run.best_checkpoint
+    verdict = hslite.preflight("quickstart_cpu4")          # verdict.go, .exit_code, .reasons, .better_plan
+    table = hslite.compare(["quickstart_cpu2", "quickstart_cpu4"], measure=True, steps=10)
+    hslite.predict(run.run_dir, cube="flightline.hdr")
+
+Each call takes what the command line takes, a recipe and `key=value` overrides (a list of "key=value" strings or
+a dict), plus what a command line cannot carry: `fit(model=MyNet)` trains a model class that follows the model
+protocol (`hslite.models.ModelClass`), registered under `model.name` so that the run's folder names it and
+`predict` can rebuild it in this process. Bad input raises `hslite.HSLiteError` (a subclass per kind) with the
+sentence the CLI would print.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hslite.errors import ConfigError
+
+if TYPE_CHECKING:
+    from hslite.compare.rows import CompareOptions, CompareRow
+    from hslite.models import ModelClass
+    from hslite.preflight.verdict import Verdict
+    from hslite.run.fit import RunResult
+    from hslite.run.predict import PredictResult
+
+Overrides = Mapping[str, Any] | Sequence[str]
+
+
+def override_items(overrides: Overrides | None) -> list[str]:
+    """`key=value` strings from a dict ({"train.max_epochs": 3, "train.refit": True}) or a list of such strings."""
+    if overrides is None:
+        return []
+    if isinstance(overrides, str):
+        raise ConfigError(
+            f"overrides must be a list of 'key=value' strings or a dict, got the string {overrides!r}: "
+            f"write [{overrides!r}]."
+        )
+    if isinstance(overrides, Mapping):
+        return [f"{key}={_value_text(value)}" for key, value in overrides.items()]
+    return [str(item) for item in overrides]
+
+
+def _value_text(value: Any) -> str:
+    """A Python value as the command line writes it (what OmegaConf's dotlist parses back to the same value)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(_value_text(item) for item in value) + "]"
+    return str(value)
+
+
+def fit(recipe: str | None = None, overrides: Overrides | None = None, *, model: ModelClass | None = None) -> RunResult:
+    """Train, test and report a recipe, as `hslite fit`: returns the run (`run_dir`, `metrics`, `best_checkpoint`).
+
+    `model`: a model class of your own (the model protocol, `hslite.models.ModelClass`); it is registered under
+    the `model.name` override, or under its class name in lower case, and trained as that name. `resume=last` or
+    `resume=RUN_DIR` in the overrides continues a run, as on the command line.
+    """
+    items = override_items(overrides)
+    if model is not None:
+        from hslite.models import register
+
+        named = [item.partition("=")[2] for item in items if item.startswith("model.name=")]
+        name = named[-1] if named else str(getattr(model, "__name__", "")).lower()
+        register(name, model, replace=True)
+        items = [*items, f"model.name={name}"]
+    from hslite.recipe.config import load_config
+    from hslite.run.resume import resumed_config
+
+    if recipe is not None:
+        items = [f"recipe={recipe}", *items]
+    cfg = resumed_config(items) if any(item.startswith("resume=") for item in items) else load_config(None, items)
+    from hslite.run.fit import fit as fit_config  # torch + Lightning: only once the config is known to be valid
+
+    return fit_config(cfg)
+
+
+def preflight(recipe: str | None = None, overrides: Overrides | None = None) -> Verdict:
+    """The pre-flight verdict on a recipe's plan, as `hslite preflight`, without printing it.
+
+    `verdict.go` (None when it cannot be decided here), `.exit_code` (0, 3, 4), `.reasons`, `.better_plan`,
+    `.to_dict()` (what `--json` prints), `.render_table()` (a rich Table).
+    """
+    from hslite.recipe.config import load_config
+
+    cfg = load_config(recipe, override_items(overrides))
+    from hslite.recipe.gate import check_recipe
+
+    return check_recipe(cfg)
+
+
+@dataclass
+class CompareTable:
+    """What `hslite compare` measured or predicted: one row per plan, and the folder of its reports."""
+
+    rows: list[CompareRow]
+    folder: Path  # compare.csv, compare.json, compare.png
+    options: CompareOptions
+
+    def to_dict(self) -> dict[str, Any]:
+        """compare.json's content."""
+        from hslite.compare.report import compare_json
+
+        return compare_json(self.rows, self.options)
+
+
+def compare(
+    recipes: Sequence[str] | str,
+    overrides: Overrides | None = None,
+    *,
+    measure: bool = False,
+    steps: int | None = None,
+    reference: bool = True,
+) -> CompareTable:
+    """Several recipes side by side, as `hslite compare recipes=...`: predicted, and with `measure=True` measured.
+
+    `recipes`: names, globs (`"compare_cpu_*"`) or .yaml paths; `overrides` apply to every row.
+    """
+    from hslite.compare.measure import run_compare
+    from hslite.compare.rows import parse_options
+
+    names = [recipes] if isinstance(recipes, str) else list(recipes)
+    options_items = [f"recipes={','.join(names)}", f"measure={_value_text(measure)}"]
+    options_items += [f"reference={_value_text(reference)}"] + ([f"steps={steps}"] if steps is not None else [])
+    options = parse_options([*options_items, *override_items(overrides)])
+    rows, folder = run_compare(options)
+    return CompareTable(rows=rows, folder=folder, options=options)
+
+
+def predict(run: str | Path, cube: str | Path | None = None, overrides: Overrides | None = None) -> PredictResult:
+    """Map a cube (default: the run's own scene) with a finished run, as `hslite predict`.
+
+    Returns the output folder (`out_dir`: prediction.tif, map.png, ...) and the class (1..C) of every pixel.
+    """
+    from hslite.run.predict import parse_options
+    from hslite.run.predict import predict as predict_options
+
+    items = [f"run={run}", *([f"cube={cube}"] if cube is not None else []), *override_items(overrides)]
+    return predict_options(parse_options(items))

@@ -1,0 +1,47 @@
+"""The Python API: `import hslite` stays light, calls take the CLI's recipe and overrides and return objects."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from quick_fit import NO_PREFLIGHT, QUICK_FIT
+from test_own_models import Tiny
+
+import hslite
+import hslite.models as models
+from hslite.api import override_items
+from hslite.errors import ConfigError
+
+
+def test_import_hslite_loads_neither_torch_nor_lightning_until_a_call_needs_them():
+    probe = "import sys, hslite; print('torch' in sys.modules, 'lightning' in sys.modules, sorted(dir(hslite)))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.startswith("False False") and "'fit'" in out and "'preflight'" in out and "'register_model'" in out
+    with pytest.raises(AttributeError, match="no attribute 'fitt'"):
+        hslite.fitt  # noqa: B018
+
+
+def test_overrides_are_key_value_strings_or_a_dict_of_python_values():
+    assert override_items({"train.max_epochs": 3, "train.refit": True, "output.root": None, "a.b": [1, 2]}) == [
+        "train.max_epochs=3", "train.refit=true", "output.root=null", "a.b=[1,2]"]  # fmt: skip
+    assert override_items(["train.max_epochs=3"]) == ["train.max_epochs=3"] and override_items(None) == []
+    with pytest.raises(ConfigError, match=r"got the string 'train.max_epochs=3': write \['train.max_epochs=3'\]"):
+        override_items("train.max_epochs=3")
+
+
+@pytest.mark.slow
+def test_fit_of_an_own_model_class_returns_the_run_and_predict_maps_with_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(models, "_registered", {})
+    run = hslite.fit("quickstart", [*QUICK_FIT, NO_PREFLIGHT, f"output.root={tmp_path}"], model=Tiny)
+    assert run.run_dir.parent == tmp_path / "quickstart" and run.best_checkpoint.is_file()
+    assert 0 < run.metrics["OA"] <= 1 and "name: tiny" in (run.run_dir / "config.yaml").read_text()
+    mapped = hslite.predict(run.run_dir, overrides={"progress": False})
+    assert mapped.classes.shape == (24, 24) and (mapped.out_dir / "prediction.tif").is_file()
+
+
+def test_preflight_returns_the_verdict_object_the_cli_prints():
+    verdict = hslite.preflight("quickstart", {"data.scene": "synthetic_tiny"})
+    assert verdict.go is True and verdict.exit_code == 0 and verdict.better_plan is None
+    assert verdict.to_dict()["decision"] == "GO"
