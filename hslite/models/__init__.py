@@ -5,6 +5,7 @@ so recipe files hold no code.
 """
 
 import difflib
+import hashlib
 import re
 from collections.abc import Sequence
 from importlib.metadata import entry_points
@@ -266,6 +267,13 @@ def _built_own_model(
             f"(2, {num_classes}): one row of class scores per patch."
         )
     return model
+
+
+def architecture_digest(model: nn.Module) -> str:
+    """12 hex digits of the model's class and parameter names and shapes: what a cached measurement is of."""
+    cls = type(model)
+    shapes = ";".join(f"{name}{tuple(p.shape)}" for name, p in model.named_parameters())
+    return hashlib.sha256(f"{cls.__module__}.{cls.__qualname__}:{shapes}".encode()).hexdigest()[:12]
 
 
 def _check_shape(label: str, value: object, *, minimum: int) -> None:

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from hslite.datasets.datamodule import HSIDataModule
 from hslite.datasets.patches import PatchDataset
 from hslite.errors import ConfigError, HSLiteError
-from hslite.models import has_band_groups
+from hslite.models import architecture_digest, has_band_groups
 from hslite.parallel.loop_cost import measure_step_overhead
 from hslite.parallel.plan import Plan, visible_devices
 from hslite.parallel.rank_setup import quiet_lightning
@@ -168,7 +168,16 @@ class _Recipe:
     model_factory: Callable[[], nn.Module]
     tokenizer: dict[str, Any]  # a band-group model's per-group work, which chag and rotation divide
     chag_supported: bool  # the model has band groups that channel groups can split
-    cache_key: str
+    name_key: str  # model, size and input: the readable part of cache_key
+
+    @functools.cached_property
+    def cache_key(self) -> str:
+        """The probe cache's key: the model by name and input, and its architecture.
+
+        The architecture keeps a cached measurement of another model registered under the same name, or of an older
+        version of this one, from being read.
+        """
+        return f"{self.name_key}-{architecture_digest(self.model_factory())}"
 
     @classmethod
     def of(
