@@ -146,3 +146,12 @@ def test_an_entry_point_that_fails_to_import_is_one_sentence_and_hides_no_other_
     assert "pip uninstall hslite-example-spectral-mlp" in listed.stderr and "Traceback" not in listed.stderr
     fit = _cli(env, "fit", *QUICK_FIT, NO_PREFLIGHT, "model.name=ghost", cwd=tmp_path)
     assert fit.returncode == 2 and "Model 'ghost' from entry point" in fit.stderr and "Traceback" not in fit.stderr
+
+
+def test_cached_measurements_are_keyed_by_architecture_not_by_name_alone():
+    from hslite.models import architecture_digest
+
+    one, same = (Tiny(in_bands=7, num_classes=3, patch_size=5, scale=1.0) for _ in range(2))
+    wider = Tiny(in_bands=8, num_classes=3, patch_size=5, scale=1.0)
+    assert architecture_digest(one) == architecture_digest(same) != architecture_digest(wider)
+    assert architecture_digest(one) != architecture_digest(_class()(in_bands=7, num_classes=3, patch_size=5, scale=1))
