@@ -42,6 +42,9 @@ def test_fit_of_an_own_model_class_returns_the_run_and_predict_maps_with_it(tmp_
 
 
 def test_preflight_returns_the_verdict_object_the_cli_prints():
+    from hslite.preflight.verdict import Verdict  # the subpackage of the same name stays importable by full name
+
+    assert callable(hslite.preflight) and callable(hslite.compare) and Verdict.better_plan
     verdict = hslite.preflight("quickstart", {"data.scene": "synthetic_tiny"})
     assert verdict.go is True and verdict.exit_code == 0 and verdict.better_plan is None
     assert verdict.to_dict()["decision"] == "GO"

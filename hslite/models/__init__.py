@@ -75,9 +75,9 @@ def register(name: str, cls: ModelClass | None = None, *, replace: bool = False)
     if name in _BUILTIN:
         raise ModelError(f"Model name {name!r} is a shipped model's; register yours under another name.")
     if name in _registered and _registered[name] is not cls and not replace:
+        taken = getattr(_registered[name], "__qualname__", _registered[name])
         raise ModelError(
-            f"Model name {name!r} is already registered to {_registered[name].__qualname__}; pick another name or "
-            "pass replace=True."
+            f"Model name {name!r} is already registered to {taken}; pick another name or pass replace=True."
         )
     _registered[name] = cls
     return cls
@@ -86,8 +86,9 @@ def register(name: str, cls: ModelClass | None = None, *, replace: bool = False)
 def check_model_class(name: str, cls: object) -> None:
     """Raise ModelError naming what to change unless ``cls`` follows the model protocol (``ModelClass``)."""
     where = f"Model {name!r} ({getattr(cls, '__qualname__', type(cls).__name__)})"
-    if not callable(cls):
-        raise ModelError(f"{where} must be a class (or factory) that builds an nn.Module; got {type(cls).__name__}.")
+    if isinstance(cls, nn.Module) or not callable(cls):
+        seen = f"an instance of {type(cls).__name__}" if isinstance(cls, nn.Module) else type(cls).__name__
+        raise ModelError(f"{where} must be a class (or factory) that builds an nn.Module; got {seen}.")
     summary, paper, sizes = (getattr(cls, key, None) for key in ("SUMMARY", "PAPER", "SIZES"))
     if not isinstance(summary, str) or not summary.strip():
         raise ModelError(f'{where} needs SUMMARY = "what it is, in a few words" as a class attribute.')

@@ -172,11 +172,7 @@ class _Recipe:
 
     @functools.cached_property
     def cache_key(self) -> str:
-        """The probe cache's key: the model by name and input, and its architecture.
-
-        The architecture keeps a cached measurement of another model registered under the same name, or of an older
-        version of this one, from being read.
-        """
+        """The probes' cache key: by architecture too, for another model under one name or an older version of it."""
         return f"{self.name_key}-{architecture_digest(self.model_factory())}"
 
     @classmethod
@@ -190,14 +186,9 @@ class _Recipe:
             torch.manual_seed(0)  # as each measurement seeds before it builds: the copies are the model it built
             return build_model(cfg, datamodule)
 
-        tokenizer: dict[str, Any] = {}
         chag_supported = has_band_groups(cfg.model.name)
-        if chag_supported:
-            groups = model().band_groups
-            tokenizer = {
-                "tokenizer_modules": TOKENIZER_MODULES,
-                "band_group_sizes": [stop - start for start, stop in groups],  # type: ignore[union-attr]
-            }
+        sizes = [stop - start for start, stop in model().band_groups] if chag_supported else None  # type: ignore[union-attr]
+        tokenizer = {"tokenizer_modules": TOKENIZER_MODULES, "band_group_sizes": sizes} if chag_supported else {}
         bands, classes, patch = datamodule.num_bands, datamodule.num_classes, cfg.data.patch_size
         return cls(cfg, plan, classes, have, topology, here, training_batches(datamodule, cfg.train.seed),
                    lambda: copy.deepcopy(model()), tokenizer, chag_supported,
