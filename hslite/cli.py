@@ -28,14 +28,9 @@ EXIT_USAGE = 2
 
 
 def _cmd_fit(args: argparse.Namespace) -> int:
-    from hslite.recipe.config import load_config
-    from hslite.run.resume import resumed_config
+    from hslite.api import fit  # torch + Lightning load only once the config is known to be valid
 
-    resuming = any(item.startswith("resume=") for item in args.overrides)
-    cfg = resumed_config(args.overrides) if resuming else load_config(None, args.overrides)
-    from hslite.run.fit import fit  # imports torch + Lightning: only after the config is known to be valid
-
-    fit(cfg)
+    fit(None, args.overrides)
     return 0
 
 
@@ -50,13 +45,11 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 def _cmd_preflight(args: argparse.Namespace) -> int:
     import json
 
-    from hslite.recipe.config import load_config
+    from hslite.api import preflight
 
-    cfg = load_config(None, args.overrides)
+    verdict = preflight(None, args.overrides)
     from hslite.preflight.report import print_verdict
-    from hslite.recipe.gate import check_recipe
 
-    verdict = check_recipe(cfg)
     if args.json:
         print(json.dumps(verdict.to_dict(), indent=2, default=str))
     else:
@@ -94,9 +87,10 @@ def _cmd_models(args: argparse.Namespace) -> int:
 
     for name, description in describe_models().items():
         print(f"{name:<15} {description}")
-    for sentence in plugin_errors():
+    errors = plugin_errors()
+    for sentence in errors:
         print(f"hslite: error: {sentence}", file=sys.stderr)
-    return 1 if plugin_errors() else 0
+    return 1 if errors else 0
 
 
 def _cmd_data(args: argparse.Namespace) -> int:

@@ -63,3 +63,9 @@ def test_the_strategies_a_lightning_script_uses_come_from_one_public_place():
     assert int8.compression == "int8"
     sharded = strategies.ShardedStrategy(2, "32-true", "gloo", timedelta(seconds=60))
     assert isinstance(sharded, ModelParallelStrategy) and callable(sharded.shard)
+
+
+def test_compare_returns_the_table_it_wrote(tmp_path):
+    table = hslite.compare(["quickstart"], {"data.scene": "synthetic_tiny", "output.root": str(tmp_path)})
+    assert [row.label for row in table.rows] == ["quickstart"] and table.rows[0].decision == "GO"
+    assert (table.folder / "compare.json").is_file() and table.to_dict()["rows"][0]["label"] == "quickstart"

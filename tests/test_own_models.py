@@ -60,6 +60,12 @@ def test_a_registered_class_is_listed_built_and_described(registry):
     assert "tiny_too" in list_models()
 
 
+class Wider(Tiny):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.extra = nn.Linear(2, 2)
+
+
 def _class(**attributes):
     return type("Broken", (Tiny,), attributes)
 
@@ -155,3 +161,18 @@ def test_cached_measurements_are_keyed_by_architecture_not_by_name_alone():
     wider = Tiny(in_bands=8, num_classes=3, patch_size=5, scale=1.0)
     assert architecture_digest(one) == architecture_digest(same) != architecture_digest(wider)
     assert architecture_digest(one) != architecture_digest(_class()(in_bands=7, num_classes=3, patch_size=5, scale=1))
+
+
+def test_the_preflight_does_not_read_a_cached_probe_of_another_model_under_the_same_name(registry):
+    from hslite.parallel.plan import Plan
+    from hslite.recipe.build import prepared_datamodule
+    from hslite.recipe.config import load_config
+    from hslite.recipe.gate import _Recipe
+
+    cfg = load_config("quickstart", [*QUICK_FIT, "model.name=tiny"])
+    datamodule = prepared_datamodule(cfg)
+    keys = []
+    for cls in (Tiny, Wider):
+        register("tiny", cls, replace=True)
+        keys.append(_Recipe.of(cfg, Plan(accelerator="cpu"), datamodule, 1, None, True).cache_key)
+    assert keys[0].startswith("tiny-small-") and keys[0] != keys[1]
