@@ -11,6 +11,7 @@ sharded, unit by unit, is `fsdp_policy`'s choice.
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -54,6 +55,15 @@ class ShardedStrategy(DestroyedAtExit, FencedBarrier, ModelParallelStrategy):
 
 class _FullStateLauncher(_MultiProcessingLauncher):
     """Spawn launcher that hands the trained weights back whole: rank 0's own state dict holds only its shards."""
+
+    def _wrapping_function(self, *args: Any, **kwargs: Any) -> None:
+        super()._wrapping_function(*args, **kwargs)
+        # The rank's last collective is behind it and rank 0's result is on the SimpleQueue (written synchronously).
+        # A finished spawned rank still aborted at interpreter exit in CI, once gloo's threads outlived the atexit
+        # destroy (pytorch/pytorch#179291, strategies.DestroyedAtExit): end it here, its output flushed.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
     def _collect_rank_zero_results(self, trainer: pl.Trainer, results: Any) -> _WorkerOutput | None:
         # Lightning's own version saves `lightning_module.state_dict()`, whose DTensors are this rank's shards only.
