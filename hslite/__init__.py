@@ -3,6 +3,7 @@
     import hslite
     run = hslite.fit("quickstart", {"train.max_epochs": 5})
     verdict = hslite.preflight("quickstart_cpu4")
+    trainer = lightning.pytorch.Trainer(..., callbacks=[hslite.PreflightGate()])  # your own script, gated
 
 `import hslite` imports neither torch nor Lightning: each name below loads its module on first use (PEP 562).
 `hslite.preflight` and `hslite.compare` are functions; their subpackages are imported by full name
@@ -28,6 +29,8 @@ _LAZY = {
     "predict": "hslite.api",
     "CompareTable": "hslite.api",
     "register_model": "hslite.models",
+    "PreflightGate": "hslite.script.callback",
+    "PreflightRefused": "hslite.preflight.verdict",
 }
 _RENAMED = {"register_model": "register"}
 
@@ -37,6 +40,8 @@ __all__ = [
     "DataError",
     "HSLiteError",
     "ModelError",
+    "PreflightGate",
+    "PreflightRefused",
     "__version__",
     "compare",
     "fit",
@@ -48,6 +53,8 @@ __all__ = [
 if TYPE_CHECKING:
     from hslite.api import CompareTable, compare, fit, predict, preflight
     from hslite.models import register as register_model
+    from hslite.preflight.verdict import PreflightRefused
+    from hslite.script.callback import PreflightGate
 
 
 class _Package(types.ModuleType):

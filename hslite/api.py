@@ -4,6 +4,7 @@
     run = hslite.fit("salinas_a_1gpu", {"data.root": "../shared/data", "train.max_epochs": 30})
     run.metrics["OA"], run.run_dir, run.best_checkpoint
     verdict = hslite.preflight("quickstart_cpu4")          # verdict.go, .exit_code, .reasons, .better_plan
+    verdict = hslite.preflight(module=MyModule(), datamodule=MyData(), plan={"devices": 2})
     table = hslite.compare(["quickstart_cpu2", "quickstart_cpu4"], measure=True, steps=10)
     hslite.predict(run.run_dir, cube="flightline.hdr")
 
@@ -84,12 +85,36 @@ def fit(recipe: str | None = None, overrides: Overrides | None = None, *, model:
     return fit_config(cfg)
 
 
-def preflight(recipe: str | None = None, overrides: Overrides | None = None) -> Verdict:
-    """The pre-flight verdict on a recipe's plan, as `hslite preflight`, without printing it.
+def preflight(
+    recipe: str | None = None,
+    overrides: Overrides | None = None,
+    *,
+    module: Any = None,
+    datamodule: Any = None,
+    sample_batch: Any = None,
+    plan: Any = None,
+    min_efficiency: float = 0.5,
+) -> Verdict:
+    """The pre-flight verdict on a recipe's plan, as `hslite preflight`, or on a LightningModule of your own.
 
     `verdict.go` (None when it cannot be decided here), `.exit_code` (0, 3, 4), `.reasons`, `.better_plan`,
     `.to_dict()` (what `--json` prints), `.render_table()` (a rich Table).
+
+    `module=`: a LightningModule of your own, priced on its own `training_step` and `configure_optimizers`, with
+    batches from `datamodule` (its training loader's first) or `sample_batch`; `plan` is the layout to check, a
+    `hslite.parallel.plan.Plan` or a dict of its fields ({"devices": 4, "accelerator": "gpu", "precision":
+    "bf16-mixed"}), at the batch's own rows per device. Links are measured on this box (spawned ranks: call it under
+    `if __name__ == "__main__":`). Inside a Trainer, `hslite.PreflightGate` does the same on the launched job.
     """
+    if module is not None:
+        from hslite.script.check import first_batch, plan_from, preflight_module
+
+        if recipe is not None or overrides:
+            raise ConfigError("preflight takes a recipe or a module, not both: the module's own plan is `plan=`.")
+        if (datamodule is None) == (sample_batch is None):
+            raise ConfigError("preflight(module=...) needs exactly one of datamodule= and sample_batch= to probe with.")
+        batch = sample_batch if sample_batch is not None else first_batch(datamodule)
+        return preflight_module(module, batch, plan_from(plan), min_efficiency=min_efficiency)
     from hslite.recipe.config import load_config
 
     cfg = load_config(recipe, override_items(overrides))

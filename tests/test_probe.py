@@ -59,9 +59,9 @@ def test_tiny_mlp_probe_returns_sane_positive_numbers():
 def test_the_compute_model_is_fitted_to_the_steps_timed_at_the_batch_and_at_half_of_it(monkeypatch):
     batches: list[int] = []
 
-    def linear_in_batch(model, optimizer, x, y, *args) -> list[float]:
+    def linear_in_batch(model, optimizer, batch, *args) -> list[float]:
         # A step whose forward and backward grow linearly with the batch: c0 = 3 ms, c1 = 60 µs per sample.
-        b = x.shape[0]
+        b = batch[0].shape[0]
         batches.append(b)
         return [1e-3 + 2e-5 * b, 2e-3 + 4e-5 * b, 1e-4]
 

@@ -11,7 +11,6 @@ sharded, unit by unit, is `fsdp_policy`'s choice.
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -22,6 +21,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch import nn
 
 from hslite.parallel.fsdp_policy import shard_model
+from hslite.parallel.spawned_rank import end_finished_rank
 from hslite.parallel.strategies import DestroyedAtExit, FencedBarrier
 
 if TYPE_CHECKING:
@@ -59,11 +59,7 @@ class _FullStateLauncher(_MultiProcessingLauncher):
     def _wrapping_function(self, *args: Any, **kwargs: Any) -> None:
         super()._wrapping_function(*args, **kwargs)
         # The rank's last collective is behind it and rank 0's result is on the SimpleQueue (written synchronously).
-        # A finished spawned rank still aborted at interpreter exit in CI, once gloo's threads outlived the atexit
-        # destroy (pytorch/pytorch#179291, strategies.DestroyedAtExit): end it here, its output flushed.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        end_finished_rank()
 
     def _collect_rank_zero_results(self, trainer: pl.Trainer, results: Any) -> _WorkerOutput | None:
         # Lightning's own version saves `lightning_module.state_dict()`, whose DTensors are this rank's shards only.

@@ -41,18 +41,9 @@ def measure_step_overhead(plan: Plan, num_classes: int, *, fresh: bool = False) 
     `if __name__ == "__main__":` guard when it is a script.
     """
     loop_plan = Plan(devices=plan.devices, accelerator=plan.accelerator, batch_size=BATCH_SIZE)
-    key = {
-        "ranks": loop_plan.devices,
-        "accelerator": loop_plan.accelerator,
-        "threads": threads_per_process(loop_plan) if loop_plan.accelerator == "cpu" else None,
-        "classes": num_classes,
-        "host": socket.gethostname(),
-        "lightning": pl.__version__,
-        "torch": torch.__version__,
-    }
-    cached = None if fresh else read_cache("overhead", key)
+    cached = None if fresh else cached_step_overhead(plan, num_classes)
     if cached is not None:
-        return float(cached["step_seconds"])
+        return cached
 
     quiet_lightning()
     generator = torch.Generator().manual_seed(0)
@@ -71,5 +62,27 @@ def measure_step_overhead(plan: Plan, num_classes: int, *, fresh: bool = False) 
         warnings.filterwarnings("ignore", message=".*no `val_dataloader`")  # no validation is the point here
         trainer.fit(HSIClassifier(nn.Linear(FEATURES, num_classes), num_classes), train_dataloaders=loader)
     seconds = float(trainer.callback_metrics["perf/median_batch_seconds"])  # the slowest rank's
-    write_cache("overhead", key, {"step_seconds": seconds})
+    write_cache("overhead", _cache_key(loop_plan, num_classes), {"step_seconds": seconds})
     return seconds
+
+
+def cached_step_overhead(plan: Plan, num_classes: int) -> float | None:
+    """What `measure_step_overhead` measured before for `plan`'s ranks on this host, or None: never measures.
+
+    For a caller that cannot start a Trainer of its own (`PreflightGate`, inside the launched job's ranks).
+    """
+    loop_plan = Plan(devices=plan.devices, accelerator=plan.accelerator, batch_size=BATCH_SIZE)
+    cached = read_cache("overhead", _cache_key(loop_plan, num_classes))
+    return None if cached is None else float(cached["step_seconds"])
+
+
+def _cache_key(loop_plan: Plan, num_classes: int) -> dict[str, object]:
+    return {
+        "ranks": loop_plan.devices,
+        "accelerator": loop_plan.accelerator,
+        "threads": threads_per_process(loop_plan) if loop_plan.accelerator == "cpu" else None,
+        "classes": num_classes,
+        "host": socket.gethostname(),
+        "lightning": pl.__version__,
+        "torch": torch.__version__,
+    }

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from hslite.errors import ConfigError
 from hslite.preflight.measurements import Footprint
 from hslite.preflight.timers import autocast, intervals_seconds, mark
+from hslite.preflight.training_step import TrainingStep, batch_to
 
 
 class SavedTensorCounter(torch.autograd.graph.saved_tensors_hooks):
@@ -50,11 +51,11 @@ class SavedTensorCounter(torch.autograd.graph.saved_tensors_hooks):
 def measure_tokenizer(
     result: Footprint,
     model_factory: Callable[[], nn.Module],
-    make_batch: Callable[[int], tuple[Tensor, Tensor]],
+    make_batch: Callable[[int], Any],
     names: tuple[str, ...],
     precision: str,
     dev: torch.device,
-    loss_fn: Callable[..., Tensor],
+    step: TrainingStep,
 ) -> float:
     """Fill `result`'s tokenizer share of activation bytes and its group-token bytes; return its share of forward time.
 
@@ -69,7 +70,7 @@ def measure_tokenizer(
         raise ConfigError(
             f"tokenizer_modules {missing} are not submodules; some names: {', '.join(list(modules)[1:9])}."
         )
-    x, y = (t.to(dev) for t in make_batch(result.batch_size))
+    batch = batch_to(make_batch(result.batch_size), dev)
     state: dict[str, Any] = {"depth": 0, "spans": [], "output_bytes": 0}  # spans: [start, end] of outermost calls
 
     def enter(*_: Any) -> None:
@@ -97,7 +98,7 @@ def measure_tokenizer(
             counter = SavedTensorCounter(model)
             with autocast(precision, dev), counter:
                 marks = [mark(dev)]
-                loss_fn(model(x), y)
+                step.loss(model, batch)
                 marks.append(mark(dev))
             tokenizer_seconds = sum(intervals_seconds(span, dev)[0] for span in state["spans"])
             shares.append(tokenizer_seconds / intervals_seconds(marks, dev)[0])

@@ -8,26 +8,25 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from hslite.allocator import keep_freed_memory
-from hslite.optim import adamw
 from hslite.preflight.step_timing import timed_step
+from hslite.preflight.training_step import CLASSIFIER_STEP, TrainingStep
 
 
 def measure_contention(
     model: nn.Module,
-    batch: tuple[Tensor, Tensor],
+    batch: Any,
     *,
     ranks: int,
     threads: int,
     precision: str,
     alone_seconds: float,
-    loss_fn: Callable[[Tensor, Tensor], Tensor] = nn.functional.cross_entropy,
+    step: TrainingStep = CLASSIFIER_STEP,
     warmup: int = 2,
     steps: int = 5,
     window_seconds: float = 0.5,
@@ -41,7 +40,7 @@ def measure_contention(
     """
     context = torch.multiprocessing.get_context("spawn")
     barrier, results = context.Barrier(ranks), context.SimpleQueue()
-    args = (model, batch, threads, precision, loss_fn, warmup, steps, window_seconds, barrier, results)
+    args = (model, batch, threads, precision, step, warmup, steps, window_seconds, barrier, results)
     torch.multiprocessing.start_processes(_contention_rank, args=args, nprocs=ranks, start_method="spawn")
     slowest = max(results.get() for _ in range(ranks))
     return max(1.0, slowest / alone_seconds)
@@ -50,10 +49,10 @@ def measure_contention(
 def _contention_rank(
     rank: int,
     model: nn.Module,
-    batch: tuple[Tensor, Tensor],
+    batch: Any,
     threads: int,
     precision: str,
-    loss_fn: Callable[..., Tensor],
+    step: TrainingStep,
     warmup: int,
     steps: int,
     window_seconds: float,
@@ -63,12 +62,12 @@ def _contention_rank(
     torch.set_num_threads(threads)
     keep_freed_memory()
     dev = torch.device("cpu")
-    optimizer = adamw(model.parameters())
+    optimizer = step.optimizer(model)
     for _ in range(warmup):
-        timed_step(model, optimizer, *batch, precision, dev, loss_fn)
+        timed_step(model, optimizer, batch, precision, dev, step)
     barrier.wait()
     timed: list[float] = []
     end = time.monotonic() + window_seconds
     while len(timed) < steps or time.monotonic() < end:
-        timed.append(sum(timed_step(model, optimizer, *batch, precision, dev, loss_fn)))
+        timed.append(sum(timed_step(model, optimizer, batch, precision, dev, step)))
     results.put(statistics.median(timed))

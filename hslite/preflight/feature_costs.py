@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
+from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
-from hslite.optim import adamw
 from hslite.parallel.plan import process_group_backend
 from hslite.preflight.measurements import ProbeResult
 from hslite.preflight.step_timing import timed_step
 from hslite.preflight.timers import wall_seconds
+from hslite.preflight.training_step import CLASSIFIER_STEP, TrainingStep, batch_to
 
 # A choice, not a measured figure: the int8 probe quantises a buffer of the gradient's own size, capped at 64 MB of
 # fp32 to bound the probe's time; a larger gradient is priced at this buffer's per-byte rate.
@@ -25,9 +26,9 @@ COMPRESSION_PROBE_MAX_ELEMENTS = 1 << 24
 
 def measure_fsdp_overhead(
     model_factory: Callable[[], nn.Module],
-    batch: tuple[Tensor, Tensor],
+    batch: Any,
     plain: ProbeResult,
-    loss_fn: Callable[..., Tensor] = nn.functional.cross_entropy,
+    step: TrainingStep = CLASSIFIER_STEP,
     warmup: int = 2,
     steps: int = 5,
 ) -> tuple[float, float] | None:
@@ -53,16 +54,16 @@ def measure_fsdp_overhead(
         torch.manual_seed(0)
         model = model_factory().to(dev).train()
         shard_model(model, init_device_mesh(dev.type, (1,)), plain.precision)
-        optimizer = adamw(model.parameters())
-        x, y = (t.to(dev) for t in batch)
+        optimizer = step.optimizer(model)
+        on_device = batch_to(batch, dev)
         for _ in range(warmup):
-            timed_step(model, optimizer, x, y, plain.precision, dev, loss_fn)
-        timed = [timed_step(model, optimizer, x, y, plain.precision, dev, loss_fn) for _ in range(steps)]
+            timed_step(model, optimizer, on_device, plain.precision, dev, step)
+        timed = [timed_step(model, optimizer, on_device, plain.precision, dev, step) for _ in range(steps)]
     finally:
         dist.destroy_process_group()
-    forward, backward, step = (statistics.median(column) for column in zip(*timed, strict=True))
+    forward, backward, optimizer_step = (statistics.median(column) for column in zip(*timed, strict=True))
     micro = forward + backward - plain.forward_seconds - plain.backward_seconds
-    return max(0.0, micro), max(0.0, step - plain.optimizer_seconds)
+    return max(0.0, micro), max(0.0, optimizer_step - plain.optimizer_seconds)
 
 
 def int8_seconds_per_byte(param_count: int, dev: torch.device) -> float:

@@ -12,25 +12,25 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from hslite.optim import adamw
 from hslite.preflight.activations import SavedTensorCounter, measure_tokenizer
 from hslite.preflight.measurements import Footprint
 from hslite.preflight.timers import autocast
+from hslite.preflight.training_step import CLASSIFIER_STEP, TrainingStep
 
 
 def measure_footprint(
     model_factory: Callable[[], nn.Module],
-    make_batch: Callable[[int], tuple[Tensor, Tensor]],
+    make_batch: Callable[[int], Any],
     *,
     batch_size: int,
     precision: str,
     tokenizer_modules: tuple[str, ...] = (),
     band_group_sizes: list[int] | None = None,
-    loss_fn: Callable[[Tensor, Tensor], Tensor] = nn.functional.cross_entropy,
+    step: TrainingStep = CLASSIFIER_STEP,
 ) -> Footprint:
     """Bytes one rank holds at `batch_size` and `precision`, counted on this CPU with the model's own tensors.
 
-    For devices that are not here: parameters, gradients and AdamW state after one optimiser step (at batch 2),
+    For devices that are not here: parameters, gradients and optimiser state after one optimiser step (at batch 2),
     and the bytes autograd saves in one forward at `batch_size`, with the tokenizer's share of them and the group
     tokens' size when `tokenizer_modules` are named (channel groups and rotation divide those). Nothing is timed
     for pricing; allocator and kernel workspace of the absent device are not known, so `peak_bytes` counts the
@@ -39,28 +39,27 @@ def measure_footprint(
     dev = torch.device("cpu")
     torch.manual_seed(0)
     model = model_factory().train()
-    optimizer = adamw(model.parameters())
-    x, y = make_batch(2)
+    optimizer = step.optimizer(model)
     with autocast(precision, dev):
-        loss = loss_fn(model(x), y)
+        loss = step.loss(model, make_batch(2))
     loss.backward()
     optimizer.step()  # AdamW makes its state on the first step
-    sizes = model_sizes(model, optimizer, make_batch(batch_size), precision, dev, loss_fn)
+    sizes = model_sizes(model, optimizer, make_batch(batch_size), precision, dev, step)
     footprint = Footprint(batch_size=batch_size, precision=precision, device="cpu (sizes only)",
                           peak_bytes=counted_peak_bytes(sizes), band_group_sizes=band_group_sizes,
                           **sizes)  # fmt: skip
     if tokenizer_modules:
-        measure_tokenizer(footprint, model_factory, make_batch, tokenizer_modules, precision, dev, loss_fn)
+        measure_tokenizer(footprint, model_factory, make_batch, tokenizer_modules, precision, dev, step)
     return footprint
 
 
 def model_sizes(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
-    batch: tuple[Tensor, Tensor],
+    batch: Any,
     precision: str,
     dev: torch.device,
-    loss_fn: Callable[..., Tensor],
+    step: TrainingStep,
 ) -> dict[str, Any]:  # ints, typed loosely to unpack into dataclasses with fields of other types too
     """Parameter count and bytes of parameters, gradients, `optimizer`'s state and one forward's saved activations.
 
@@ -69,9 +68,8 @@ def model_sizes(
     """
     params = list(model.parameters())
     counter = SavedTensorCounter(model)
-    x, y = batch
     with autocast(precision, dev), counter:
-        loss_fn(model(x), y)  # the graph keeps every saved storage alive, so pointers cannot be reused meanwhile
+        step.loss(model, batch)  # the graph keeps every saved storage alive, so pointers cannot be reused meanwhile
     return {
         "param_count": sum(p.numel() for p in params),
         "param_bytes": sum(p.numel() * p.element_size() for p in params),

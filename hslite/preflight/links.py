@@ -25,6 +25,7 @@ from torch import nn
 from hslite.cache import read_cache, write_cache
 from hslite.errors import ConfigError, HSLiteError
 from hslite.parallel.plan import Plan, threads_per_process
+from hslite.parallel.spawned_rank import end_finished_rank
 from hslite.preflight.measurements import LinkModel
 
 # Sizes that span latency- and bandwidth-bound all-reduces; gloo on CPU saturates by a few MiB, NCCL needs more.
@@ -162,59 +163,80 @@ def _rank_main(
     if backend == "nccl":
         torch.cuda.set_device(device)
     try:
-        points = [(size, _timed_allreduce(torch.zeros(size // 4, device=device), repeats)) for size in sizes]
-        # Bandwidth is only resolved once transfer time dominates latency: grow the largest size until the biggest
-        # all-reduce takes twice the smallest. Every rank sees the same (MAX-reduced) times, so all agree to stop.
-        while points[-1][1] < 2 * points[0][1] and points[-1][0] < MAX_SIZE_BYTES[backend]:
-            size = points[-1][0] * 4
-            points.append((size, _timed_allreduce(torch.zeros(size // 4, device=device), repeats)))
-        overlap = _measured_overlap(device, repeats)
+        points, overlap = _points_and_overlap(device, backend, sizes, repeats, dist.group.WORLD)
         if rank == 0:
             Path(out).write_text(json.dumps({"points": points, "overlap": overlap}))
     finally:
         dist.destroy_process_group()
+    end_finished_rank()
 
 
-def _slowest_median(samples: list[float], device: torch.device) -> float:
+def measure_launched_link(group: Any, world_size: int, device: torch.device, repeats: int = 5) -> LinkModel:
+    """Alpha, BW and overlap of `group`, whose `world_size` ranks a launcher already started: each of them calls this.
+
+    The same method as `measure_links` on the ranks a job runs on (a Lightning script's, `hslite.PreflightGate`):
+    the link measured is the one training will use, not a stand-in spawned beside it. Not cached.
+    """
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    points, overlap = _points_and_overlap(device, backend, DEFAULT_SIZES_BYTES[backend], repeats, group)
+    alpha, bw = fit_link(points, world_size)
+    return LinkModel(alpha, bw, overlap, f"measured on the launched job's {world_size} {backend} ranks", points)
+
+
+def _points_and_overlap(
+    device: torch.device, backend: str, sizes: tuple[int, ...], repeats: int, group: Any
+) -> tuple[list[tuple[int, float]], float]:
+    points = [(size, _timed_allreduce(torch.zeros(size // 4, device=device), repeats, group)) for size in sizes]
+    # Bandwidth is only resolved once transfer time dominates latency: grow the largest size until the biggest
+    # all-reduce takes twice the smallest. Every rank sees the same (MAX-reduced) times, so all agree to stop.
+    while points[-1][1] < 2 * points[0][1] and points[-1][0] < MAX_SIZE_BYTES[backend]:
+        size = points[-1][0] * 4
+        points.append((size, _timed_allreduce(torch.zeros(size // 4, device=device), repeats, group)))
+    return points, _measured_overlap(device, repeats, group)
+
+
+def _slowest_median(samples: list[float], device: torch.device, group: Any) -> float:
     value = torch.tensor([statistics.median(samples)], dtype=torch.float64, device=device)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)  # a collective ends when its slowest rank does
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)  # a collective ends when its slowest rank does
     return float(value.item())
 
 
-def _timed(fn: Any, repeats: int, device: torch.device, prepare: Any = lambda: None) -> float:
+def _timed(fn: Any, repeats: int, device: torch.device, group: Any, prepare: Any = lambda: None) -> float:
     # `prepare` runs outside the timed region (e.g. the forward before a timed backward).
     samples = []
     for i in range(WARMUP_REPEATS + repeats):
         state = prepare()
-        dist.barrier()
+        dist.barrier(group=group)
         start = time.perf_counter()
         fn(state)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         if i >= WARMUP_REPEATS:
             samples.append(time.perf_counter() - start)
-    return _slowest_median(samples, device)
+    return _slowest_median(samples, device, group)
 
 
-def _timed_allreduce(buffer: torch.Tensor, repeats: int) -> float:
-    return _timed(lambda _: dist.all_reduce(buffer), repeats, buffer.device)
+def _timed_allreduce(buffer: torch.Tensor, repeats: int, group: Any) -> float:
+    return _timed(lambda _: dist.all_reduce(buffer, group=group), repeats, buffer.device, group)
 
 
-def _measured_overlap(device: torch.device, repeats: int) -> float:
+def _measured_overlap(device: torch.device, repeats: int, group: Any) -> float:
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Linear(512, 512) for _ in range(8)]).to(device)
     batch = torch.randn(32, 512, device=device)
-    backward_seconds = _timed(lambda loss: loss.backward(), repeats, device, lambda: model(batch).sum())
+    backward_seconds = _timed(lambda loss: loss.backward(), repeats, device, group, lambda: model(batch).sum())
     allreduce_seconds = _timed_allreduce(
-        torch.zeros(sum(p.numel() for p in model.parameters()), device=device), repeats
+        torch.zeros(sum(p.numel() for p in model.parameters()), device=device), repeats, group
     )
-    works = _bucketed_allreduce_hooks(model, OVERLAP_BUCKET_CAP_BYTES)
-    bucketed_seconds = _timed(lambda loss: _backward_and_wait(loss, works), repeats, device, lambda: model(batch).sum())
+    works = _bucketed_allreduce_hooks(model, OVERLAP_BUCKET_CAP_BYTES, group)
+    bucketed_seconds = _timed(
+        lambda loss: _backward_and_wait(loss, works), repeats, device, group, lambda: model(batch).sum()
+    )
     hidden_seconds = backward_seconds + allreduce_seconds - bucketed_seconds
     return min(1.0, max(0.0, hidden_seconds / backward_seconds))
 
 
-def _bucketed_allreduce_hooks(model: nn.Module, bucket_cap_bytes: int) -> list[Any]:
+def _bucketed_allreduce_hooks(model: nn.Module, bucket_cap_bytes: int, group: Any) -> list[Any]:
     # DDP's reducer (Li et al., "PyTorch Distributed", VLDB 2020): parameters are bucketed in reverse order and a
     # bucket's all-reduce starts asynchronously as soon as all its gradients exist. Emulated with gradient hooks
     # because constructing DDP imports torch._dynamo (1-2.5 s per rank here), which alone would break the budget.
@@ -232,7 +254,8 @@ def _bucketed_allreduce_hooks(model: nn.Module, bucket_cap_bytes: int) -> list[A
             if ready[bucket_index] == len(buckets[bucket_index]):
                 ready[bucket_index] = 0
                 grads = [p.grad.flatten() for p in buckets[bucket_index] if p.grad is not None]
-                works.append(dist.all_reduce(torch.cat(grads), async_op=True))  # DDP copies into a flat bucket too
+                # DDP copies into a flat bucket too
+                works.append(dist.all_reduce(torch.cat(grads), group=group, async_op=True))
 
         return hook
 

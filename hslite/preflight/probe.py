@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from hslite.allocator import keep_freed_memory
 from hslite.cache import read_cache, write_cache
@@ -29,20 +29,21 @@ from hslite.preflight.feature_costs import int8_seconds_per_byte, measure_fsdp_o
 from hslite.preflight.measurements import ProbeResult
 from hslite.preflight.step_timing import device_label, measure_steps
 from hslite.preflight.timers import cuda_math
+from hslite.preflight.training_step import CLASSIFIER_STEP, TrainingStep
 
 PROBE_FIELDS_VERSION = 4  # bump when ProbeResult gains a measured field, so cached probes are re-measured
 PROBE_DEVICE = "cuda:0"  # the one GPU a GPU plan is probed on; the launching process touches no other
 
 
 def probe_for_plans(
-    model_factory: Callable[[], nn.Module], make_batch: Callable[[int], tuple[Tensor, Tensor]], **probe_kwargs: Any
+    model_factory: Callable[[], nn.Module], make_batch: Callable[[int], Any], **probe_kwargs: Any
 ) -> Callable[[Plan], ProbeResult]:
     """A `probe_for` for `run_preflight`: probes at the plan's batch and precision.
 
     GPU plans are probed on PROBE_DEVICE with the plan's TF32 and cuDNN-benchmark settings, CPU plans with the
     threads one rank gets and with the plan's ranks stepping at once, for their contention (`measure_contention`).
     `probe_kwargs` go to `probe_model`
-    (cache_key, fresh, steps, measure_compression, measure_fsdp, tokenizer_modules, band_group_sizes, ...).
+    (cache_key, fresh, steps, measure_compression, measure_fsdp, tokenizer_modules, band_group_sizes, step, ...).
     """
 
     def probe_for(plan: Plan) -> ProbeResult:
@@ -58,7 +59,7 @@ def probe_for_plans(
 
 def probe_model(
     model_factory: Callable[[], nn.Module],
-    make_batch: Callable[[int], tuple[Tensor, Tensor]],
+    make_batch: Callable[[int], Any],
     *,
     batch_size: int,
     precision: str,
@@ -72,7 +73,7 @@ def probe_model(
     measure_fsdp: bool = False,
     tokenizer_modules: tuple[str, ...] = (),
     band_group_sizes: list[int] | None = None,
-    loss_fn: Callable[[Tensor, Tensor], Tensor] = nn.functional.cross_entropy,
+    step: TrainingStep = CLASSIFIER_STEP,
     # A choice, not a measured figure: it bounds the check's wait where a step is slow (AMP on a CPU without bf16
     # instructions); a probe cut short times fewer steps, one at each batch at least.
     budget_seconds: float = 10.0,
@@ -82,6 +83,8 @@ def probe_model(
 ) -> ProbeResult:
     """Measure one training step of `model_factory()` on one device; cached when `cache_key` is given.
 
+    The step is `step`'s: its loss on a batch of `make_batch(b)` and its optimiser (hslite's classifier step by
+    default, a LightningModule's own through `lightning_step.lightning_workload`).
     Times are medians of `steps` after `warmup`, at `batch_size` and at half of it (for c0/c1); the timed loop stops
     early once `budget_seconds` is spent. `tokenizer_modules` name
     the submodules (as in `named_modules()`) whose work channel groups split, e.g. ("tokenizer",
@@ -102,6 +105,7 @@ def probe_model(
         torch.set_num_threads(threads)
     key = {
         "cache_key": cache_key,
+        "step": step.label,
         "batch_size": batch_size,
         "precision": precision,
         "device": device_label(dev),
@@ -124,25 +128,23 @@ def probe_model(
             return ProbeResult.from_dict(cached)
         with _probing(dev, tf32, cudnn_benchmark):
             deadline = time.monotonic() + budget_seconds
-            result = measure_steps(model_factory, make_batch, batch_size, precision, dev, warmup, steps, loss_fn,
+            result = measure_steps(model_factory, make_batch, batch_size, precision, dev, warmup, steps, step,
                                    deadline)  # fmt: skip
             if measure_compression:
                 result.compress_seconds_per_byte = int8_seconds_per_byte(result.param_count, dev)
-            overhead = measure_fsdp_overhead(model_factory, make_batch(batch_size), result, loss_fn, warmup, steps) \
+            overhead = measure_fsdp_overhead(model_factory, make_batch(batch_size), result, step, warmup, steps) \
                 if measure_fsdp else None  # fmt: skip
             if overhead is not None:
                 result.fsdp_micro_overhead_seconds, result.fsdp_optimizer_overhead_seconds = overhead
             if tokenizer_modules:
                 names = tuple(tokenizer_modules)
-                result.chag_fraction = measure_tokenizer(
-                    result, model_factory, make_batch, names, precision, dev, loss_fn
-                )
+                result.chag_fraction = measure_tokenizer(result, model_factory, make_batch, names, precision, dev, step)
                 result.band_group_sizes = band_group_sizes
             if dev.type == "cpu" and concurrent_ranks > 1:
                 alone_seconds = result.forward_seconds + result.backward_seconds + result.optimizer_seconds
                 result.contention = measure_contention(model_factory(), make_batch(batch_size), ranks=concurrent_ranks,
                                                        threads=torch.get_num_threads(), precision=precision,
-                                                       alone_seconds=alone_seconds, loss_fn=loss_fn, warmup=warmup,
+                                                       alone_seconds=alone_seconds, step=step, warmup=warmup,
                                                        steps=steps)  # fmt: skip
                 result.contention_ranks = concurrent_ranks
     finally:

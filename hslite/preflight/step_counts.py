@@ -4,8 +4,9 @@ FLOPs come from `torch.utils.flop_counter.FlopCounterMode`: matmuls and convolut
 elementwise ops count 0 there, and the memory roof prices them instead (`roofline.py`). They are counted at two small
 batches, so FLOPs(b) = c0 + c1·b holds exactly for models whose work is per sample, whatever batch is priced.
 Kernels are the aten ops a step dispatches that launch one on a GPU (views, detach, allocations and host-side scalars
-left out): what an eager step issues, a lower bound since cuDNN may launch several per convolution. AdamW is the one
-`fit` trains with (`hslite.optim`, foreach kernels, CUDA's default too), so its step counts as it would on a GPU.
+left out): what an eager step issues, a lower bound since cuDNN may launch several per convolution. The step is the
+one that trains (`training_step.TrainingStep`): hslite's AdamW (foreach kernels, CUDA's default too) counts as it
+would on a GPU.
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from hslite.cache import read_cache, write_cache
-from hslite.optim import adamw
 from hslite.preflight.measurements import StepCounts
 from hslite.preflight.timers import autocast
+from hslite.preflight.training_step import CLASSIFIER_STEP, TrainingStep, batch_bytes
 
 COUNT_BATCHES = (2, 4)  # BatchNorm in training needs 2 samples; FLOPs are linear in b, so small batches suffice
 _NO_KERNEL = {
@@ -49,11 +50,11 @@ class KernelCounter(TorchDispatchMode):
 
 def count_step(
     model_factory: Callable[[], nn.Module],
-    make_batch: Callable[[int], tuple[Tensor, Tensor]],
+    make_batch: Callable[[int], Any],
     *,
     precision: str,
     tokenizer_modules: tuple[str, ...] = (),
-    loss_fn: Callable[[Tensor, Tensor], Tensor] = nn.functional.cross_entropy,
+    step: TrainingStep = CLASSIFIER_STEP,
     cache_key: str | None = None,
     fresh: bool = False,
 ) -> StepCounts:
@@ -63,21 +64,21 @@ def count_step(
     Cached like the probe when `cache_key` is given (a bf16 count takes seconds on an AVX2 CPU); `fresh=True` recounts.
     """
     key = {"cache_key": cache_key, "precision": precision, "tokenizer_modules": list(tokenizer_modules),
-           "torch": torch.__version__}  # fmt: skip
+           "step": step.label, "torch": torch.__version__}  # fmt: skip
     cached = None if cache_key is None or fresh else read_cache("step_counts", key)
     if cached is not None:
         return StepCounts(**cached)
     dev = torch.device("cpu")
     torch.manual_seed(0)
     model = model_factory().train()
-    optimizer = adamw(model.parameters())
+    optimizer = step.optimizer(model)
     flops: dict[int, tuple[float, float]] = {}
     tokenizer_flops = 0.0
     for batch_size in COUNT_BATCHES:
-        x, y = make_batch(batch_size)
+        batch = make_batch(batch_size)
         forward_counter, forward_kernels = FlopCounterMode(display=False), KernelCounter()
         with forward_counter, forward_kernels, autocast(precision, dev):
-            loss = loss_fn(model(x), y)
+            loss = step.loss(model, batch)
         backward_counter, backward_kernels = FlopCounterMode(display=False), KernelCounter()
         with backward_counter, backward_kernels:
             loss.backward()
@@ -101,7 +102,7 @@ def count_step(
         forward_kernels=forward_kernels.kernels,
         backward_kernels=backward_kernels.kernels,
         optimizer_kernels=optimizer_kernels.kernels,
-        input_bytes_per_sample=x.numel() * x.element_size() // b2 + y.numel() * y.element_size() // b2,
+        input_bytes_per_sample=batch_bytes(batch) // b2,
         tokenizer_flops_fraction=tokenizer_flops / f2 if tokenizer_modules and f2 > 0 else None,
     )
     if cache_key is not None:

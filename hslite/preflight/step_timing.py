@@ -9,15 +9,16 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
-from hslite.optim import adamw
 from hslite.preflight.footprint import counted_peak_bytes, model_sizes
 from hslite.preflight.formulas import fit_compute_model
 from hslite.preflight.measurements import ProbeResult
 from hslite.preflight.timers import autocast, intervals_seconds, mark, wall_seconds
+from hslite.preflight.training_step import TrainingStep, batch_to
 
 # Of the probe's time budget, the share the requested batch may spend; the half batch, timed warm, gets the rest.
 FULL_BATCH_SHARE = 0.6
@@ -31,16 +32,15 @@ def device_label(dev: torch.device) -> str:
 def timed_step(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
-    x: Tensor,
-    y: Tensor,
+    batch: Any,
     precision: str,
     dev: torch.device,
-    loss_fn: Callable[..., Tensor],
+    step: TrainingStep,
 ) -> list[float]:
     """One training step: seconds of forward (with the loss), backward, and the optimiser step with zero_grad."""
     marks = [mark(dev)]
     with autocast(precision, dev):
-        loss = loss_fn(model(x), y)
+        loss = step.loss(model, batch)
     marks.append(mark(dev))
     loss.backward()
     marks.append(mark(dev))
@@ -52,13 +52,13 @@ def timed_step(
 
 def measure_steps(
     model_factory: Callable[[], nn.Module],
-    make_batch: Callable[[int], tuple[Tensor, Tensor]],
+    make_batch: Callable[[int], Any],
     batch_size: int,
     precision: str,
     dev: torch.device,
     warmup: int,
     steps: int,
-    loss_fn: Callable[..., Tensor],
+    step: TrainingStep,
     deadline: float,
 ) -> ProbeResult:
     """Median step times at `batch_size` and half of it, the fitted c0 + c1·b, and the model's sizes on `dev`.
@@ -68,22 +68,21 @@ def measure_steps(
     """
     torch.manual_seed(0)
     model = model_factory().to(dev).train()
-    optimizer = adamw(model.parameters())
+    optimizer = step.optimizer(model)
 
-    def batch_on_device(b: int) -> tuple[Tensor, Tensor]:
-        x, y = make_batch(b)
-        return x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+    def batch_on_device(b: int) -> Any:
+        return batch_to(make_batch(b), dev)
 
-    def step(x: Tensor, y: Tensor) -> list[float]:
-        return timed_step(model, optimizer, x, y, precision, dev, loss_fn)
+    def one_step(batch: Any) -> list[float]:
+        return timed_step(model, optimizer, batch, precision, dev, step)
 
     def median_step(b: int, stop_at: float, warmup_steps: int) -> list[float]:
-        x, y = batch_on_device(b)
+        batch = batch_on_device(b)
         for _ in range(warmup_steps):
-            step(x, y)
-        timed = [step(x, y)]
+            one_step(batch)
+        timed = [one_step(batch)]
         while len(timed) < steps and time.monotonic() < stop_at:
-            timed.append(step(x, y))
+            timed.append(one_step(batch))
         return [statistics.median(column) for column in zip(*timed, strict=True)]
 
     data_seconds = statistics.median(wall_seconds(lambda: batch_on_device(batch_size), dev) for _ in range(3))
@@ -99,7 +98,7 @@ def measure_steps(
     c0, c1 = fit_compute_model(
         [batch_size, half_batch], [forward_seconds + backward_seconds, half_forward + half_backward]
     )
-    sizes = model_sizes(model, optimizer, batch_on_device(batch_size), precision, dev, loss_fn)
+    sizes = model_sizes(model, optimizer, batch_on_device(batch_size), precision, dev, step)
     return ProbeResult(
         forward_seconds=forward_seconds,
         backward_seconds=backward_seconds,

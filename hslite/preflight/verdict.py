@@ -12,7 +12,7 @@ from typing import Any
 
 from rich.table import Table
 
-from hslite.errors import ConfigError
+from hslite.errors import ConfigError, HSLiteError
 from hslite.parallel.plan import Plan
 from hslite.preflight.costmodel import Prediction
 
@@ -20,6 +20,18 @@ NO_GO_EXIT_CODE = 3  # DESIGN §3
 UNDECIDED_EXIT_CODE = 4  # the plan's devices are not here: compute not measured, so neither GO nor NO-GO
 IMPLAUSIBLE_CPU_EFFICIENCY = 1.2  # processes sharing cores cannot beat one process on all of them by much
 CLEARLY_FASTER = 1.1  # a GO verdict names a faster passing plan only from this throughput ratio up
+
+
+class PreflightRefused(HSLiteError):
+    """The plan cannot be shown to pay (NO-GO)."""
+
+    exit_code = NO_GO_EXIT_CODE
+
+
+class PreflightUndecided(HSLiteError):
+    """The plan's devices are not here and no profile says what they are: nothing can be priced."""
+
+    exit_code = UNDECIDED_EXIT_CODE
 
 
 def gib(n_bytes: float) -> str:

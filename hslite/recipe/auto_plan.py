@@ -21,7 +21,7 @@ from torch import nn
 from hslite.errors import ConfigError
 from hslite.parallel.plan import Plan, check_visible, startable_devices
 from hslite.parallel.rank_setup import quiet_lightning
-from hslite.preflight.verdict import CLEARLY_FASTER, Verdict, decide, gib
+from hslite.preflight.verdict import CLEARLY_FASTER, PreflightRefused, Verdict, decide, gib
 from hslite.recipe.build import (
     band_groups_for,
     build_task,
@@ -30,7 +30,7 @@ from hslite.recipe.build import (
     plan_from_config,
     prepared_datamodule,
 )
-from hslite.recipe.gate import PreflightRefused, preflight_check
+from hslite.recipe.gate import preflight_check
 from hslite.recipe.schema import Config
 
 

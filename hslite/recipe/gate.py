@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from hslite.datasets.datamodule import HSIDataModule
 from hslite.datasets.patches import PatchDataset
-from hslite.errors import ConfigError, HSLiteError
+from hslite.errors import ConfigError
 from hslite.models import architecture_digest, has_band_groups
 from hslite.parallel.loop_cost import measure_step_overhead
 from hslite.parallel.plan import Plan, visible_devices
@@ -35,25 +35,13 @@ from hslite.preflight.run import price_absent_devices, price_from_profile, run_p
 from hslite.preflight.step_counts import count_step
 from hslite.preflight.timers import wall_seconds
 from hslite.preflight.topology import Topology, list_topologies, load_topology
-from hslite.preflight.verdict import NO_GO_EXIT_CODE, UNDECIDED_EXIT_CODE, Verdict
+from hslite.preflight.verdict import PreflightUndecided, Verdict
 from hslite.recipe.build import build_model, build_task, plan_from_config, prepared_datamodule
 from hslite.recipe.schema import Config
 
 MAX_PRICED_DEVICES = 16  # the largest box hslite is for
 # A band-group model's per-group work, the part channel groups split across ranks: its output is the group tokens.
 TOKENIZER_MODULES = ("tokenizer", "partial_aggregation")
-
-
-class PreflightRefused(HSLiteError):
-    """The plan cannot be shown to pay (NO-GO)."""
-
-    exit_code = NO_GO_EXIT_CODE
-
-
-class PreflightUndecided(HSLiteError):
-    """The plan's devices are not here and no profile says what they are: nothing can be priced."""
-
-    exit_code = UNDECIDED_EXIT_CODE
 
 
 def check_recipe(cfg: Config, *, from_profile: bool = False) -> Verdict:

@@ -64,7 +64,8 @@ def _gate(cfg: Config, plan: Plan, datamodule: HSIDataModule) -> Verdict | None:
     if not cfg.preflight.enabled:
         return None
     from hslite.preflight.report import print_verdict
-    from hslite.recipe.gate import PreflightRefused, preflight_check
+    from hslite.preflight.verdict import PreflightRefused
+    from hslite.recipe.gate import preflight_check
 
     verdict = preflight_check(cfg, plan, datamodule, single_device_only=plan.world_size == 1)
     if not verdict.go:
