@@ -17,7 +17,8 @@ from torch import Tensor, nn
 
 from hslite.errors import ModelError
 
-# A Lightning checkpoint of hslite's task keeps the network under this attribute (`HSIClassifier.model`).
+# A Lightning checkpoint of hslite's task keeps the network under this attribute (`HSIClassifier.model`); the task's
+# other entries (the loss's class weights, metric states) are not the network's.
 TASK_PREFIX = "model."
 
 
@@ -64,8 +65,8 @@ def _state_dict(path: Path) -> dict[str, Tensor]:
             f"model.pretrained={path} holds {type(loaded).__name__}, not a state dict (names to tensors); save the "
             "network's state_dict() with torch.save, or give a Lightning checkpoint."
         )
-    if state and all(k.startswith(TASK_PREFIX) for k in state):
-        state = {k[len(TASK_PREFIX) :]: v for k, v in state.items()}
+    if state is not loaded and any(k.startswith(TASK_PREFIX) for k in state):  # a Lightning checkpoint of hslite's
+        state = {k[len(TASK_PREFIX) :]: v for k, v in state.items() if k.startswith(TASK_PREFIX)}
     return dict(state)
 
 

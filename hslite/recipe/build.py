@@ -16,6 +16,7 @@ from hslite.datasets.datamodule import HSIDataModule
 from hslite.errors import ConfigError
 from hslite.models import get_model, has_band_groups
 from hslite.models.band_groups import spectral_band_groups
+from hslite.models.pretrained import load_pretrained
 from hslite.parallel.plan import Plan, resolve_accelerator
 from hslite.parallel.rotation import DEFAULT_GROUPS, RotationSchedule, check_rotation
 from hslite.recipe.schema import Config
@@ -113,8 +114,20 @@ def prepared_datamodule(cfg: Config) -> HSIDataModule:
 
 
 def build_model(cfg: Config, datamodule: HSIDataModule) -> nn.Module:
-    """The registered model sized for the datamodule's bands, classes and patch (the datamodule must be set up)."""
-    return model_for(cfg, datamodule.num_bands, datamodule.num_classes, datamodule.input_wavelengths_nm)
+    """The registered model sized for the datamodule's bands, classes and patch (the datamodule must be set up).
+
+    With `model.pretrained`, it starts from that checkpoint's weights (`models.pretrained`), its backbone frozen when
+    `model.freeze_backbone`: what `fit` trains and the pre-flight probes.
+    """
+    model = model_for(cfg, datamodule.num_bands, datamodule.num_classes, datamodule.input_wavelengths_nm)
+    if cfg.model.pretrained:
+        load_pretrained(model, cfg.model.pretrained, cfg.model.pretrained_exclude, cfg.model.freeze_backbone)
+    elif cfg.model.freeze_backbone or cfg.model.pretrained_exclude:
+        raise ConfigError(
+            "model.freeze_backbone and model.pretrained_exclude apply to a pretrained start: add "
+            "model.pretrained=PATH (a state dict or checkpoint), or drop them."
+        )
+    return model
 
 
 def model_for(cfg: Config, in_bands: int, num_classes: int, wavelengths_nm: np.ndarray | None) -> nn.Module:
