@@ -57,6 +57,18 @@ class ChannelViT(nn.Module):
     SIZES = {
         "small": {"dim": 64, "depth": 2, "heads": 4, "mlp_ratio": 4, "num_groups": 4, "subpatch": 0, "dropout": 0.0},
         "large": {"dim": 256, "depth": 6, "heads": 8, "mlp_ratio": 4, "num_groups": 4, "subpatch": 0, "dropout": 0.1},
+        # The widths and depths of ViT-B/16 and ViT-L/16 (Dosovitskiy et al. 2021), the sizes of the spectral
+        # foundation models teams fine-tune: ~86 M and ~304 M parameters, where the multi-GPU question is real.
+        "vit_b": {"dim": 768, "depth": 12, "heads": 12, "mlp_ratio": 4, "num_groups": 4, "subpatch": 0, "dropout": 0.1},
+        "vit_l": {
+            "dim": 1024,
+            "depth": 24,
+            "heads": 16,
+            "mlp_ratio": 4,
+            "num_groups": 4,
+            "subpatch": 0,
+            "dropout": 0.1,
+        },
     }
 
     def __init__(
