@@ -271,3 +271,11 @@ def test_end_to_end_with_real_probes_and_a_real_two_process_link(tmp_path, monke
     link = verdict.to_dict()["requested_prediction"]
     assert link["comm_seconds"] > 0 and link["per_device_peak_bytes"] > 0
     assert link["loop_seconds"] == 0  # no loop measurement was handed in
+
+
+def test_channel_group_candidates_divide_the_models_band_groups():
+
+    requested = Plan(devices=8, accelerator="gpu", batch_size=32)
+    chags = {p.chag for p in candidate_plans(requested, 8, chag_supported=True, band_groups=4)}
+    assert chags == {1, 2, 4}  # 8 ranks cannot split 4 groups: never priced
+    assert {p.chag for p in candidate_plans(requested, 8, chag_supported=True)} == {1, 2, 4, 8}

@@ -100,3 +100,24 @@ def test_channel_groups_on_absent_devices_divide_the_tokenizer_memory_and_price_
     chag = predict_footprint(Plan(devices=8, accelerator="gpu", batch_size=16, chag=4), sizes, link, 80 * GIB)
     assert chag.memory_breakdown_bytes["activations"] < 0.6 * dp.memory_breakdown_bytes["activations"]
     assert chag.chag_bytes_per_step == 2 * 16 // 4 * sizes.group_token_bytes_per_sample and dp.chag_bytes_per_step == 0
+
+
+@pytest.mark.parametrize("name", ["cnn3d", "channel_vit"])
+def test_activations_counted_at_small_batches_extrapolate_to_the_exact_count(name):
+    from hslite.models import get_model
+    from hslite.preflight.footprint import model_sizes
+    from hslite.preflight.training_step import CLASSIFIER_STEP
+
+    generator = torch.Generator().manual_seed(0)
+
+    def make_batch(b: int):
+        return torch.randn(b, 12, 5, 5, generator=generator), torch.randint(0, 3, (b,), generator=generator)
+
+    def factory() -> nn.Module:
+        return get_model(name, in_bands=12, num_classes=3, patch_size=5)
+
+    footprint = measure_footprint(factory, make_batch, batch_size=24, precision="32-true")
+    model = factory().train()
+    exact = model_sizes(model, CLASSIFIER_STEP.optimizer(model), make_batch(24), "32-true", torch.device("cpu"),
+                        CLASSIFIER_STEP)["activation_bytes"]  # fmt: skip
+    assert footprint.activation_bytes == pytest.approx(exact, rel=0.01)

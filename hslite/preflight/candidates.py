@@ -38,6 +38,7 @@ def candidate_plans(
     max_devices: int,
     *,
     chag_supported: bool = False,
+    band_groups: int = 0,
     include_fsdp: bool = False,
     bandwidth_ratio: float = math.inf,
     amp: bool = True,
@@ -46,8 +47,9 @@ def candidate_plans(
 
     One device with accumulation, and with AMP too when `amp`; the requested layout; DP at 2..max_devices devices
     per node; int8/bf16 compression; batch/accumulation trades; FSDP when `include_fsdp`; channel groups inside a
-    node when `chag_supported`. Per-layer communication (FSDP) crosses nodes only while `bandwidth_ratio` is below
-    PER_LAYER_CROSS_NODE_MAX_RATIO (DESIGN §3 mapping).
+    node when `chag_supported`, in rank counts that divide the model's `band_groups` (when given). Per-layer
+    communication (FSDP) crosses nodes only while `bandwidth_ratio` is below PER_LAYER_CROSS_NODE_MAX_RATIO (DESIGN §3
+    mapping).
     """
     requested.validate()
     micro_batches = requested.dp * requested.accumulate  # micro-batches of `batch_size` per optimiser step
@@ -81,7 +83,7 @@ def candidate_plans(
                 layouts += [
                     base.with_(chag=c, accumulate=base.accumulate * c)
                     for c in range(2, devices + 1)
-                    if devices % c == 0
+                    if devices % c == 0 and not (band_groups and band_groups % c)
                 ]
             for layout in layouts:
                 plans += _same_global_batch(layout)

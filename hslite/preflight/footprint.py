@@ -7,6 +7,7 @@ only that, on this CPU, for devices that are not here.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -16,6 +17,9 @@ from hslite.preflight.activations import SavedTensorCounter, measure_tokenizer
 from hslite.preflight.measurements import Footprint
 from hslite.preflight.timers import autocast
 from hslite.preflight.training_step import CLASSIFIER_STEP, TrainingStep
+
+# Small batches that count what grows with the batch (BatchNorm in training needs 2); it is linear in b beyond them
+COUNT_BATCHES = (2, 4)
 
 
 def measure_footprint(
@@ -31,7 +35,8 @@ def measure_footprint(
     """Bytes one rank holds at `batch_size` and `precision`, counted on this CPU with the model's own tensors.
 
     For devices that are not here: parameters, gradients and optimiser state after one optimiser step (at batch 2),
-    and the bytes autograd saves in one forward at `batch_size`, with the tokenizer's share of them and the group
+    and the bytes autograd saves in a forward at `batch_size` (counted at batches 2 and 4, extrapolated linearly),
+    with the tokenizer's share of them and the group
     tokens' size when `tokenizer_modules` are named (channel groups and rotation divide those). Nothing is timed
     for pricing; allocator and kernel workspace of the absent device are not known, so `peak_bytes` counts the
     four terms only.
@@ -44,12 +49,22 @@ def measure_footprint(
         loss = step.loss(model, make_batch(2))
     loss.backward()
     optimizer.step()  # AdamW makes its state on the first step
-    sizes = model_sizes(model, optimizer, make_batch(batch_size), precision, dev, step)
+    # Saved activations grow linearly with the batch (a + c·b), so they are counted at two small batches and
+    # extrapolated: a ViT-B channel ViT's forward at b64 saves more than this 24 GiB box holds (killed at 24.3 GB).
+    counted = min(batch_size, COUNT_BATCHES[-1])
+    sizes = model_sizes(model, optimizer, make_batch(counted), precision, dev, step)
+    if batch_size > counted:
+        smaller = model_sizes(model, optimizer, make_batch(COUNT_BATCHES[0]), precision, dev, step)["activation_bytes"]
+        per_sample = (sizes["activation_bytes"] - smaller) / (counted - COUNT_BATCHES[0])
+        sizes["activation_bytes"] = round(sizes["activation_bytes"] + per_sample * (batch_size - counted))
     footprint = Footprint(batch_size=batch_size, precision=precision, device="cpu (sizes only)",
                           peak_bytes=counted_peak_bytes(sizes), band_group_sizes=band_group_sizes,
                           **sizes)  # fmt: skip
-    if tokenizer_modules:
-        measure_tokenizer(footprint, model_factory, make_batch, tokenizer_modules, precision, dev, step)
+    if tokenizer_modules:  # shares and per-sample sizes: counted at the small batch too
+        shares = replace(footprint, batch_size=counted)
+        measure_tokenizer(shares, model_factory, make_batch, tokenizer_modules, precision, dev, step)
+        footprint.tokenizer_activation_fraction = shares.tokenizer_activation_fraction
+        footprint.group_token_bytes_per_sample = shares.group_token_bytes_per_sample
     return footprint
 
 

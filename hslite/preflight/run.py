@@ -38,6 +38,7 @@ def run_preflight(
     topology: Topology | None = None,
     chag_link_for: Callable[[Plan], LinkModel] | None = None,
     chag_supported: bool = False,
+    band_groups: int = 0,
     cpu_cores: int | None = None,
     loop_seconds_for: Callable[[Plan], float] | None = None,
     amp: bool = True,
@@ -130,7 +131,13 @@ def run_preflight(
 
     bandwidth_ratio = topology.bandwidth_ratio if topology is not None else math.inf
     predictions = _price_candidates(
-        requested, price, max_devices or requested.devices, chag_supported, bandwidth_ratio, amp=amp
+        requested,
+        price,
+        max_devices or requested.devices,
+        chag_supported,
+        bandwidth_ratio,
+        amp=amp,
+        band_groups=band_groups,
     )
     return decide(requested, predictions, min_efficiency)
 
@@ -142,6 +149,7 @@ def price_absent_devices(
     why_unmeasured: str,
     *,
     chag_supported: bool = False,
+    band_groups: int = 0,
 ) -> Verdict:
     """Price a plan whose devices are not here from the model's sizes and a topology profile: links and memory only.
 
@@ -160,7 +168,8 @@ def price_absent_devices(
             plan, footprints[plan.precision], topology.link_for(plan), topology.device_memory_bytes, chag_link=chag_link
         )
 
-    predictions = _price_candidates(requested, price, topology.gpus_per_node, chag_supported, topology.bandwidth_ratio)
+    predictions = _price_candidates(requested, price, topology.gpus_per_node, chag_supported, topology.bandwidth_ratio,
+                                    band_groups=band_groups)  # fmt: skip
     return decide_without_compute(requested, predictions, why_unmeasured)
 
 
@@ -174,6 +183,7 @@ def price_from_profile(
     min_efficiency: float = 0.5,
     *,
     chag_supported: bool = False,
+    band_groups: int = 0,
     loop_seconds_for: Callable[[Plan], float] | None = None,
 ) -> Verdict:
     """Price a plan whose GPUs are not here with compute from a device profile's roofline: a full GO / NO-GO.
@@ -196,6 +206,7 @@ def price_from_profile(
         min_efficiency=min_efficiency,
         topology=topology,
         chag_supported=chag_supported,
+        band_groups=band_groups,
         loop_seconds_for=loop_seconds_for,
         probe_each_batch=True,
     )
@@ -217,6 +228,7 @@ def _price_candidates(
     chag_supported: bool,
     bandwidth_ratio: float,
     amp: bool = True,
+    band_groups: int = 0,
 ) -> dict[Plan, Any]:
     """Every candidate's price; FSDP joins the candidates when the requested plan does not fit (or asks for it)."""
     requested_prediction = price(requested)
@@ -224,6 +236,7 @@ def _price_candidates(
         requested,
         max_devices,
         chag_supported=chag_supported,
+        band_groups=band_groups,
         include_fsdp=not requested_prediction.fits_memory or requested.fsdp,
         bandwidth_ratio=bandwidth_ratio,
         amp=amp,

@@ -20,11 +20,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from hslite.cache import read_cache, write_cache
+from hslite.preflight.footprint import COUNT_BATCHES
 from hslite.preflight.measurements import StepCounts
 from hslite.preflight.timers import autocast
 from hslite.preflight.training_step import CLASSIFIER_STEP, TrainingStep, batch_bytes
 
-COUNT_BATCHES = (2, 4)  # BatchNorm in training needs 2 samples; FLOPs are linear in b, so small batches suffice
 _NO_KERNEL = {
     torch.ops.aten.detach,
     torch.ops.aten.empty,

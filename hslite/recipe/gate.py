@@ -158,6 +158,11 @@ class _Recipe:
     chag_supported: bool  # the model has band groups that channel groups can split
     name_key: str  # model, size and input: the readable part of cache_key
 
+    @property
+    def band_groups(self) -> int:
+        """The model's band groups, which a channel-group count must divide (0: none)."""
+        return len(self.tokenizer.get("band_group_sizes") or ())
+
     @functools.cached_property
     def cache_key(self) -> str:
         """The probes' cache key: by architecture too, for another model under one name or an older version of it."""
@@ -220,6 +225,7 @@ def _measured(
     priced_devices = 1 if single_device_only else (None if topology else most)  # a topology has its own count
     verdict = run_preflight(plan, probe_for, links_for, memory_bytes, cfg.preflight.min_efficiency, priced_devices,
                             topology=topology, chag_supported=recipe.chag_supported,
+                            band_groups=recipe.band_groups,
                             loop_seconds_for=recipe.loop_seconds_for, amp=not single_device_only)  # fmt: skip
     if topology is not None:
         verdict.reasons.append(recipe.topology_reason)
@@ -245,6 +251,7 @@ def _priced_without_compute(recipe: _Recipe, topology: Topology) -> Verdict:
         f"this box has no GPU, so the {recipe.plan.describe()} plan's step time cannot be timed here (add "
         f"preflight.device=NAME, one of {', '.join(list_devices())}, to price it from that GPU's datasheet)",
         chag_supported=recipe.chag_supported,
+        band_groups=recipe.band_groups,
     )
     verdict.reasons.append(recipe.topology_reason)
     return verdict
@@ -277,7 +284,7 @@ def _priced_from_profile(recipe: _Recipe, profile: DeviceProfile, topology: Topo
 
     verdict = price_from_profile(plan, recipe.footprint_for, counts_for, gather_seconds, profile, topology,
                                  cfg.preflight.min_efficiency, chag_supported=recipe.chag_supported,
-                                 loop_seconds_for=recipe.loop_seconds_for)  # fmt: skip
+                                 band_groups=recipe.band_groups, loop_seconds_for=recipe.loop_seconds_for)  # fmt: skip
     verdict.reasons.append(
         f"host work timed on this CPU with one process, which the GPU box's own CPU does instead: the batch gather "
         f"({gather_seconds(plan.batch_size) * 1e3:.3g} ms at b{plan.batch_size}) and the training loop's own cost "
