@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from hslite.errors import ConfigError
+from hslite.preflight.fake_tensors import storage_key
 from hslite.preflight.measurements import Footprint
 from hslite.preflight.timers import autocast, intervals_seconds, mark
 from hslite.preflight.training_step import TrainingStep, batch_to
@@ -26,15 +27,15 @@ class SavedTensorCounter(torch.autograd.graph.saved_tensors_hooks):
     """
 
     def __init__(self, model: nn.Module) -> None:
-        self._param_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        self._param_storages = {storage_key(p) for p in model.parameters()}
         self._seen: dict[int, tuple[int, bool]] = {}
         self.inside = False
         super().__init__(self._pack, lambda tensor: tensor)
 
     def _pack(self, tensor: Tensor) -> Tensor:
-        pointer = tensor.untyped_storage().data_ptr()
-        if pointer not in self._param_storages and pointer not in self._seen:
-            self._seen[pointer] = (tensor.untyped_storage().nbytes(), self.inside)
+        key = storage_key(tensor)
+        if key not in self._param_storages and key not in self._seen:
+            self._seen[key] = (tensor.untyped_storage().nbytes(), self.inside)
         return tensor
 
     @property
@@ -50,20 +51,21 @@ class SavedTensorCounter(torch.autograd.graph.saved_tensors_hooks):
 
 def measure_tokenizer(
     result: Footprint,
-    model_factory: Callable[[], nn.Module],
+    model: nn.Module,
     make_batch: Callable[[int], Any],
     names: tuple[str, ...],
     precision: str,
     dev: torch.device,
     step: TrainingStep,
+    *,
+    forwards: int = 3,
 ) -> float:
     """Fill `result`'s tokenizer share of activation bytes and its group-token bytes; return its share of forward time.
 
-    `names` are submodules as in `named_modules()`; the output of the last one, summed over its calls, is the
-    group tokens that channel groups exchange.
+    `model` is in training mode on `dev`; `names` are its submodules as in `named_modules()`; the output of the
+    last one, summed over its calls, is the group tokens that channel groups exchange. The time share is the median
+    of `forwards` forwards (one is enough where only the bytes are wanted).
     """
-    torch.manual_seed(0)
-    model = model_factory().to(dev).train()
     modules = dict(model.named_modules())
     missing = [name for name in names if name not in modules]
     if missing:
@@ -93,7 +95,7 @@ def measure_tokenizer(
     ]
     shares = []
     try:
-        for _ in range(3):  # median of three forwards; the counter of the last one gives the activation share
+        for _ in range(forwards):  # the counter of the last one gives the activation share
             state.update(spans=[], output_bytes=0)
             counter = SavedTensorCounter(model)
             with autocast(precision, dev), counter:

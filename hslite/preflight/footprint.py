@@ -1,25 +1,22 @@
 """What one rank of a model holds: parameter, gradient, optimiser-state and saved-activation bytes, and FSDP's units.
 
 `model_sizes` counts them on the model's own tensors (the probe calls it after timing); `measure_footprint` does
-only that, on this CPU, for devices that are not here.
+only that, on fake tensors of the model, for devices that are not here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from hslite.preflight.activations import SavedTensorCounter, measure_tokenizer
+from hslite.preflight.fake_tensors import fake_batch, fake_mode, storage_key
 from hslite.preflight.measurements import Footprint
 from hslite.preflight.timers import autocast
 from hslite.preflight.training_step import CLASSIFIER_STEP, TrainingStep
-
-# Small batches that count what grows with the batch (BatchNorm in training needs 2); it is linear in b beyond them
-COUNT_BATCHES = (2, 4)
 
 
 def measure_footprint(
@@ -32,39 +29,34 @@ def measure_footprint(
     band_group_sizes: list[int] | None = None,
     step: TrainingStep = CLASSIFIER_STEP,
 ) -> Footprint:
-    """Bytes one rank holds at `batch_size` and `precision`, counted on this CPU with the model's own tensors.
+    """Bytes one rank holds at `batch_size` and `precision`, counted on fake tensors of the model (nothing allocated).
 
-    For devices that are not here: parameters, gradients and optimiser state after one optimiser step (at batch 2),
-    and the bytes autograd saves in a forward at `batch_size` (counted at batches 2 and 4, extrapolated linearly),
-    with the tokenizer's share of them and the group
-    tokens' size when `tokenizer_modules` are named (channel groups and rotation divide those). Nothing is timed
-    for pricing; allocator and kernel workspace of the absent device are not known, so `peak_bytes` counts the
-    four terms only.
+    For devices that are not here: parameters, gradients and optimiser state after one optimiser step, and the bytes
+    autograd saves in a forward at `batch_size`, with the tokenizer's share of them and the group tokens' size when
+    `tokenizer_modules` are named (channel groups and rotation divide those). `model_factory` runs inside the fake
+    mode, so a model larger than this box is counted in seconds (`fake_tensors`). Nothing is timed for pricing;
+    allocator and kernel workspace of the absent device are not known, so `peak_bytes` counts the four terms only.
     """
     dev = torch.device("cpu")
-    torch.manual_seed(0)
-    model = model_factory().train()
-    optimizer = step.optimizer(model)
-    with autocast(precision, dev):
-        loss = step.loss(model, make_batch(2))
-    loss.backward()
-    optimizer.step()  # AdamW makes its state on the first step
-    # Saved activations grow linearly with the batch (a + c·b), so they are counted at two small batches and
-    # extrapolated: a ViT-B channel ViT's forward at b64 saves more than this 24 GiB box holds (killed at 24.3 GB).
-    counted = min(batch_size, COUNT_BATCHES[-1])
-    sizes = model_sizes(model, optimizer, make_batch(counted), precision, dev, step)
-    if batch_size > counted:
-        smaller = model_sizes(model, optimizer, make_batch(COUNT_BATCHES[0]), precision, dev, step)["activation_bytes"]
-        per_sample = (sizes["activation_bytes"] - smaller) / (counted - COUNT_BATCHES[0])
-        sizes["activation_bytes"] = round(sizes["activation_bytes"] + per_sample * (batch_size - counted))
-    footprint = Footprint(batch_size=batch_size, precision=precision, device="cpu (sizes only)",
-                          peak_bytes=counted_peak_bytes(sizes), band_group_sizes=band_group_sizes,
-                          **sizes)  # fmt: skip
-    if tokenizer_modules:  # shares and per-sample sizes: counted at the small batch too
-        shares = replace(footprint, batch_size=counted)
-        measure_tokenizer(shares, model_factory, make_batch, tokenizer_modules, precision, dev, step)
-        footprint.tokenizer_activation_fraction = shares.tokenizer_activation_fraction
-        footprint.group_token_bytes_per_sample = shares.group_token_bytes_per_sample
+    with fake_mode() as mode:
+        torch.manual_seed(0)
+        model = model_factory().train()
+        optimizer = step.optimizer(model)
+
+        def fake_batches(b: int) -> Any:
+            return fake_batch(mode, make_batch, b)
+
+        with autocast(precision, dev):
+            loss = step.loss(model, fake_batches(2))  # BatchNorm in training needs 2 samples
+        loss.backward()
+        optimizer.step()  # AdamW makes its state on the first step
+        sizes = model_sizes(model, optimizer, fake_batches(batch_size), precision, dev, step)
+        footprint = Footprint(batch_size=batch_size, precision=precision, device="cpu (sizes only)",
+                              peak_bytes=counted_peak_bytes(sizes), band_group_sizes=band_group_sizes,
+                              **sizes)  # fmt: skip
+        if tokenizer_modules:
+            measure_tokenizer(footprint, model, fake_batches, tokenizer_modules, precision, dev, step,
+                              forwards=1)  # fmt: skip
     return footprint
 
 
@@ -112,5 +104,5 @@ def _fsdp_sizes(model: nn.Module) -> dict[str, int | None]:
 
 
 def _unique_bytes(tensors: Iterator[Tensor]) -> int:
-    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    storages = {storage_key(t): t.untyped_storage().nbytes() for t in tensors}
     return sum(storages.values())

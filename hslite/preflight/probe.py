@@ -138,7 +138,9 @@ def probe_model(
                 result.fsdp_micro_overhead_seconds, result.fsdp_optimizer_overhead_seconds = overhead
             if tokenizer_modules:
                 names = tuple(tokenizer_modules)
-                result.chag_fraction = measure_tokenizer(result, model_factory, make_batch, names, precision, dev, step)
+                torch.manual_seed(0)
+                model = model_factory().to(dev).train()
+                result.chag_fraction = measure_tokenizer(result, model, make_batch, names, precision, dev, step)
                 result.band_group_sizes = band_group_sizes
             if dev.type == "cpu" and concurrent_ranks > 1:
                 alone_seconds = result.forward_seconds + result.backward_seconds + result.optimizer_seconds

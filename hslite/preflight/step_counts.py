@@ -1,12 +1,13 @@
-"""FLOPs and kernel launches of one training step of the model itself, counted on this CPU (DESIGN §3, what-if).
+"""FLOPs and kernel launches of one training step of the model itself, counted on fake tensors (DESIGN §3, what-if).
 
 FLOPs come from `torch.utils.flop_counter.FlopCounterMode`: matmuls and convolutions, forward and backward;
 elementwise ops count 0 there, and the memory roof prices them instead (`roofline.py`). They are counted at two small
 batches, so FLOPs(b) = c0 + c1·b holds exactly for models whose work is per sample, whatever batch is priced.
-Kernels are the aten ops a step dispatches that launch one on a GPU (views, detach, allocations and host-side scalars
-left out): what an eager step issues, a lower bound since cuDNN may launch several per convolution. The step is the
-one that trains (`training_step.TrainingStep`): hslite's AdamW (foreach kernels, CUDA's default too) counts as it
-would on a GPU.
+Kernels are the ops a step dispatches that launch one on a GPU (views, detach, allocations, host-side scalars and
+fake tensors' device queries left out): what an eager step issues, a lower bound since cuDNN may launch several per
+convolution. The step is the one that trains (`training_step.TrainingStep`): hslite's AdamW (foreach kernels, CUDA's
+default too) counts as it would on a GPU. The model is built and stepped inside `fake_tensors.fake_mode`: nothing is
+allocated, so a model larger than this box counts in seconds, and the counts equal those of its real tensors.
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from hslite.cache import read_cache, write_cache
-from hslite.preflight.footprint import COUNT_BATCHES
+from hslite.preflight.fake_tensors import fake_batch, fake_mode
 from hslite.preflight.measurements import StepCounts
 from hslite.preflight.timers import autocast
 from hslite.preflight.training_step import CLASSIFIER_STEP, TrainingStep, batch_bytes
 
+# Two small batches the FLOPs are counted at (BatchNorm in training needs 2): FLOPs are c0 + c1·b beyond them
+COUNT_BATCHES = (2, 4)
 _NO_KERNEL = {
     torch.ops.aten.detach,
     torch.ops.aten.empty,
@@ -43,7 +46,7 @@ class KernelCounter(TorchDispatchMode):
         self.kernels = 0
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if not func.is_view and func.namespace != "profiler" and func.overloadpacket not in _NO_KERNEL:
+        if not func.is_view and func.namespace not in ("profiler", "prim") and func.overloadpacket not in _NO_KERNEL:
             self.kernels += 1
         return func(*args, **(kwargs or {}))
 
@@ -69,28 +72,29 @@ def count_step(
     if cached is not None:
         return StepCounts(**cached)
     dev = torch.device("cpu")
-    torch.manual_seed(0)
-    model = model_factory().train()
-    optimizer = step.optimizer(model)
     flops: dict[int, tuple[float, float]] = {}
     tokenizer_flops = 0.0
-    for batch_size in COUNT_BATCHES:
-        batch = make_batch(batch_size)
-        forward_counter, forward_kernels = FlopCounterMode(display=False), KernelCounter()
-        with forward_counter, forward_kernels, autocast(precision, dev):
-            loss = step.loss(model, batch)
-        backward_counter, backward_kernels = FlopCounterMode(display=False), KernelCounter()
-        with backward_counter, backward_kernels:
-            loss.backward()
-        optimizer.step()  # the first step makes AdamW's state; the counted one below is a steady-state step
-        optimizer_kernels = KernelCounter()
-        with optimizer_kernels:
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        flops[batch_size] = (float(forward_counter.get_total_flops()), float(backward_counter.get_total_flops()))
-        by_module = forward_counter.get_flop_counts()
-        prefix = type(model).__name__
-        tokenizer_flops = sum(sum(by_module.get(f"{prefix}.{name}", {}).values()) for name in tokenizer_modules)
+    with fake_mode() as mode:  # nothing allocated: a model larger than this box is counted in seconds
+        torch.manual_seed(0)
+        model = model_factory().train()
+        optimizer = step.optimizer(model)
+        for batch_size in COUNT_BATCHES:
+            batch = fake_batch(mode, make_batch, batch_size)
+            forward_counter, forward_kernels = FlopCounterMode(display=False), KernelCounter()
+            with forward_counter, forward_kernels, autocast(precision, dev):
+                loss = step.loss(model, batch)
+            backward_counter, backward_kernels = FlopCounterMode(display=False), KernelCounter()
+            with backward_counter, backward_kernels:
+                loss.backward()
+            optimizer.step()  # the first step makes AdamW's state; the counted one below is a steady-state step
+            optimizer_kernels = KernelCounter()
+            with optimizer_kernels:
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            flops[batch_size] = (float(forward_counter.get_total_flops()), float(backward_counter.get_total_flops()))
+            by_module = forward_counter.get_flop_counts()
+            prefix = type(model).__name__
+            tokenizer_flops = sum(sum(by_module.get(f"{prefix}.{name}", {}).values()) for name in tokenizer_modules)
     (b1, (f1, g1)), (b2, (f2, g2)) = sorted(flops.items())
     counts = StepCounts(
         model=type(model).__name__,

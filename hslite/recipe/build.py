@@ -189,8 +189,14 @@ def build_task(cfg: Config, plan: Plan, datamodule: HSIDataModule) -> HSIClassif
         warmup_epochs=cfg.train.warmup_epochs,
         class_weights=weights,
     )
+    task.rotation = checked_rotation(cfg, plan, datamodule, model)
+    return task
+
+
+def checked_rotation(cfg: Config, plan: Plan, datamodule: HSIDataModule, model: nn.Module) -> RotationSchedule | None:
+    """Refuse a model whose band groups `plan` cannot split or rotate; its rotation schedule when `plan` rotates."""
     band_groups = band_groups_for(cfg, datamodule, model)
     check_model_for_plan(plan, model, band_groups)
-    if plan.rotation_enabled:
-        task.rotation = RotationSchedule(band_groups, plan.rotation_groups, cfg.train.seed, plan.chag)
-    return task
+    if not plan.rotation_enabled:
+        return None
+    return RotationSchedule(band_groups, plan.rotation_groups, cfg.train.seed, plan.chag)

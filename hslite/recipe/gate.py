@@ -26,6 +26,7 @@ from hslite.parallel.loop_cost import measure_step_overhead
 from hslite.parallel.plan import Plan, visible_devices
 from hslite.parallel.rank_setup import quiet_lightning
 from hslite.preflight.device_profile import DeviceProfile, list_devices, load_device
+from hslite.preflight.fake_tensors import fake_mode
 from hslite.preflight.footprint import measure_footprint
 from hslite.preflight.launcher_cuda import device_memory_bytes, forked_cuda_devices
 from hslite.preflight.links import measure_links_for
@@ -36,7 +37,7 @@ from hslite.preflight.step_counts import count_step
 from hslite.preflight.timers import wall_seconds
 from hslite.preflight.topology import Topology, list_topologies, load_topology
 from hslite.preflight.verdict import PreflightUndecided, Verdict
-from hslite.recipe.build import build_model, build_task, plan_from_config, prepared_datamodule
+from hslite.recipe.build import build_model, checked_rotation, plan_from_config, prepared_datamodule
 from hslite.recipe.schema import Config
 
 MAX_PRICED_DEVICES = 16  # the largest box hslite is for
@@ -49,7 +50,8 @@ def check_recipe(cfg: Config, *, from_profile: bool = False) -> Verdict:
     plan = plan_from_config(cfg)
     quiet_lightning()
     datamodule = prepared_datamodule(cfg)
-    build_task(cfg, plan, datamodule)  # refuses band groups the plan cannot split or rotate, before any probe
+    with fake_mode():  # refuses band groups the plan cannot split or rotate, before any probe; allocates nothing
+        checked_rotation(cfg, plan, datamodule, build_model(cfg, datamodule))
     return preflight_check(cfg, plan, datamodule, from_profile=from_profile)
 
 
@@ -157,35 +159,47 @@ class _Recipe:
     tokenizer: dict[str, Any]  # a band-group model's per-group work, which chag and rotation divide
     chag_supported: bool  # the model has band groups that channel groups can split
     name_key: str  # model, size and input: the readable part of cache_key
+    architecture: str  # `architecture_digest` of the model: the rest of cache_key
 
     @property
     def band_groups(self) -> int:
         """The model's band groups, which a channel-group count must divide (0: none)."""
         return len(self.tokenizer.get("band_group_sizes") or ())
 
-    @functools.cached_property
+    @property
     def cache_key(self) -> str:
         """The probes' cache key: by architecture too, for another model under one name or an older version of it."""
-        return f"{self.name_key}-{architecture_digest(self.model_factory())}"
+        return f"{self.name_key}-{self.architecture}"
 
     @classmethod
     def of(
         cls, cfg: Config, plan: Plan, datamodule: HSIDataModule, have: int, topology: Topology | None, here: bool
     ) -> _Recipe:
-        """The recipe's parts, its model built once: each measurement gets a copy of it."""
+        """The recipe's parts, its model built once (`here`) or never allocated (priced from profiles).
 
-        @functools.cache
-        def model() -> nn.Module:
+        Measured here, each measurement gets a copy of the model. Priced from profiles, it is built on fake tensors
+        and rebuilt inside each count's own fake mode (`preflight.fake_tensors`): a model larger than this box is
+        priced in seconds.
+        """
+
+        def build() -> nn.Module:
             torch.manual_seed(0)  # as each measurement seeds before it builds: the copies are the model it built
             return build_model(cfg, datamodule)
 
+        if here:
+            built = functools.cache(build)
+            model, factory = built(), lambda: copy.deepcopy(built())
+        else:
+            with fake_mode():
+                model = build()
+            factory = build
         chag_supported = has_band_groups(cfg.model.name)
-        sizes = [stop - start for start, stop in model().band_groups] if chag_supported else None  # type: ignore[union-attr]
+        sizes = [stop - start for start, stop in model.band_groups] if chag_supported else None  # type: ignore[union-attr]
         tokenizer = {"tokenizer_modules": TOKENIZER_MODULES, "band_group_sizes": sizes} if chag_supported else {}
         bands, classes, patch = datamodule.num_bands, datamodule.num_classes, cfg.data.patch_size
-        return cls(cfg, plan, classes, have, topology, here, training_batches(datamodule, cfg.train.seed),
-                   lambda: copy.deepcopy(model()), tokenizer, chag_supported,
-                   f"{cfg.model.name}-{cfg.model.size}-{bands}x{patch}x{patch}-c{classes}")  # fmt: skip
+        return cls(cfg, plan, classes, have, topology, here, training_batches(datamodule, cfg.train.seed), factory,
+                   tokenizer, chag_supported, f"{cfg.model.name}-{cfg.model.size}-{bands}x{patch}x{patch}-c{classes}",
+                   architecture_digest(model))  # fmt: skip
 
     @property
     def topology_reason(self) -> str:
