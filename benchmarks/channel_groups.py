@@ -84,7 +84,8 @@ def main() -> int:
     from hslite.parallel.plan import Plan
     from hslite.recipe.build import prepared_datamodule
     from hslite.recipe.config import load_config
-    from hslite.recipe.gate import check_recipe, training_batches
+    from hslite.recipe.gate import check_recipe
+    from hslite.recipe.recipe_parts import training_batches
 
     rows, fits = [], []
     with tempfile.TemporaryDirectory(prefix="hslite-chag-") as tmp:

@@ -27,7 +27,7 @@ def _activation_bytes(cfg, rotation: int) -> int:
 
     from hslite.preflight.activations import SavedTensorCounter
     from hslite.recipe.build import build_task, plan_from_config, prepared_datamodule
-    from hslite.recipe.gate import training_batches
+    from hslite.recipe.recipe_parts import training_batches
 
     datamodule = prepared_datamodule(cfg)
     task = build_task(cfg, plan_from_config(cfg), datamodule)

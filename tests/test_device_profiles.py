@@ -43,7 +43,9 @@ def no_gpu_here(monkeypatch):
     monkeypatch.setattr(gate, "probe_for_plans", refuse)
     # The host work a GPU plan still times on this CPU, stubbed: the loop and the batch gather. What is left (sizes,
     # FLOPs and kernels counted from the model, the profile, the topology) is the same on every box.
-    monkeypatch.setattr(gate, "measure_step_overhead", lambda plan, classes, fresh=False: HOST_LOOP_SECONDS)
+    monkeypatch.setattr(
+        "hslite.recipe.recipe_parts.measure_step_overhead", lambda plan, classes, fresh=False: HOST_LOOP_SECONDS
+    )
     monkeypatch.setattr(gate, "wall_seconds", lambda fn, device: HOST_GATHER_SECONDS)
 
 
@@ -203,7 +205,7 @@ def test_gpus_that_are_here_are_measured_and_the_profile_is_not_used(capsys, mon
     monkeypatch.setattr(
         gate, "probe_for_plans", lambda *args, **kwargs: lambda p: probed.append(p) or _measured_probe(p)
     )
-    monkeypatch.setattr(gate, "measure_step_overhead", lambda plan, classes, fresh=False: 1e-3)
+    monkeypatch.setattr("hslite.recipe.recipe_parts.measure_step_overhead", lambda plan, classes, fresh=False: 1e-3)
     monkeypatch.setattr(gate, "forked_cuda_devices", lambda plan, from_profile: [])  # no CUDA generator here
     gpus_here = ["recipe=quickstart", "parallel.accelerator=gpu", "parallel.devices=2"]
     main(["preflight", *gpus_here, *PRICE_ON_H100])

@@ -208,11 +208,14 @@ def test_small_models_overfit_a_toy_batch(name, lr):
     assert accuracy > 0.9
 
 
-@pytest.mark.parametrize(("size", "encoder_millions"), [("vit_b", 85.0), ("vit_l", 302.2)])
-def test_channel_vit_has_foundation_model_presets_of_vit_b_and_vit_l_size(size, encoder_millions):
+@pytest.mark.parametrize(
+    ("size", "encoder_millions"), [("vit_b", 85.0), ("vit_l", 302.2), ("vit_giant", 1861.8), ("vit_e", 3958.1)]
+)
+def test_channel_vit_has_foundation_model_presets_from_vit_b_to_vit_e_size(size, encoder_millions):
     with torch.device("meta"):  # sizes only: nothing allocated
         model = get_model("channel_vit", in_bands=200, num_classes=16, patch_size=9, size=size)
     # ViT-B/16's and ViT-L/16's transformer (Dosovitskiy et al.: 86 M and 307 M with their patch embedding and head),
-    # plus the two cross-attention blocks that pool bands into groups and groups into positions
+    # ViT-G/14's (1.84 B with its 8192-wide MLP, here 5 × 1664) and ViT-e's (3.9 B), plus the two cross-attention
+    # blocks that pool bands into groups and groups into positions
     assert _param_count(model.encoder) == pytest.approx(encoder_millions * 1e6, rel=0.005)
     assert _param_count(model) < 1.2 * _param_count(model.encoder)

@@ -167,12 +167,12 @@ def test_the_preflight_does_not_read_a_cached_probe_of_another_model_under_the_s
     from hslite.parallel.plan import Plan
     from hslite.recipe.build import prepared_datamodule
     from hslite.recipe.config import load_config
-    from hslite.recipe.gate import _Recipe
+    from hslite.recipe.recipe_parts import RecipeParts
 
     cfg = load_config("quickstart", [*QUICK_FIT, "model.name=tiny"])
     datamodule = prepared_datamodule(cfg)
     keys = []
     for cls in (Tiny, Wider):
         register("tiny", cls, replace=True)
-        keys.append(_Recipe.of(cfg, Plan(accelerator="cpu"), datamodule, 1, None, True).cache_key)
+        keys.append(RecipeParts.of(cfg, Plan(accelerator="cpu"), datamodule, 1, None, True).cache_key)
     assert keys[0].startswith("tiny-small-") and keys[0] != keys[1]

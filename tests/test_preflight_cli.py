@@ -78,7 +78,9 @@ def test_gpus_not_here_are_priced_from_the_profile_without_compute(capsys, monke
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(gate, "probe_for_plans", _must_not_run("the probe times this CPU"))
-    monkeypatch.setattr(gate, "measure_step_overhead", _must_not_run("the loop cost is this CPU's"))
+    monkeypatch.setattr(
+        "hslite.recipe.recipe_parts.measure_step_overhead", _must_not_run("the loop cost is this CPU's")
+    )
     code = main(["preflight", *IP8_HERE, "preflight.topology=nvlink_8", "--json"])
     report = json.loads(capsys.readouterr().out)
     assert code == 4 and report["exit_code"] == 4 and report["decision"] == "UNDECIDED" and report["go"] is None
@@ -176,7 +178,7 @@ def test_fit_refuses_no_go_with_exit_3_and_writes_nothing(tmp_path, capsys, monk
     slow = LinkModel(alpha_seconds=0.01, bandwidth_bytes_per_second=1e6, source="test: a slow link")
     monkeypatch.setattr(gate, "measure_links_for", lambda plan, fresh=False: slow)
     monkeypatch.setattr(gate, "probe_for_plans", lambda *a, **k: lambda plan: _probe(2 // plan.devices or 1, 0.003))
-    monkeypatch.setattr(gate, "measure_step_overhead", lambda plan, classes, fresh=False: 1e-3)
+    monkeypatch.setattr("hslite.recipe.recipe_parts.measure_step_overhead", lambda plan, classes, fresh=False: 1e-3)
     code = main(["fit", "recipe=quickstart_cpu4", f"output.root={tmp_path}", "train.progress=false"])
     assert code == 3
     printed = capsys.readouterr()
@@ -249,7 +251,9 @@ def test_the_check_builds_the_recipes_model_once_and_prices_its_own_band_groups(
     from hslite.recipe.build import build_model, plan_from_config, prepared_datamodule
 
     built = []
-    monkeypatch.setattr(gate, "build_model", lambda *args: built.append(args) or build_model(*args))
+    monkeypatch.setattr(
+        "hslite.recipe.recipe_parts.build_model", lambda *args: built.append(args) or build_model(*args)
+    )
     real_probe_for_plans, probes = gate.probe_for_plans, []
 
     def recording(*args, **kwargs):

@@ -84,6 +84,10 @@ def test_recipe_smoke_run(recipe, tmp_path, request, monkeypatch):
         # bf16 on this AVX2 CPU is ~10x slower than fp32 (DISTRIBUTED-NOTES): AMP is tested on a small model instead.
         overrides += ["parallel.accelerator=cpu", "parallel.devices=1", "parallel.num_nodes=1", "parallel.chag=1"]
         overrides += ["parallel.precision=32-true", "data.eval_batch_size=64"]
+    if cfg.model.size.startswith("vit_"):
+        # Foundation sizes (0.1-4 B parameters) do not train on a CPU: their data and plan run here with the small
+        # preset, and tests/test_foundation_recipes.py prices them at their own size.
+        overrides += ["model.size=small", "data.batch_size=8", "data.eval_batch_size=16"]
     scene = cfg.data.scene
     if not is_synthetic(scene):
         # Only a scene that needs real files asks for the fixture, which skips when ../shared/data is absent.

@@ -169,7 +169,14 @@ def test_plan_that_does_not_fit_is_no_go_and_fsdp_is_the_alternative():
     )
     assert not verdict.go
     assert "per device but only 2.00 GiB" in verdict.reasons[0] and "FSDP" in verdict.reasons[0]
-    assert any("no single-device plan fits" in r for r in verdict.reasons)
+    # One device cannot fit it, so E is measured against the fewest devices that can, not a device that cannot
+    reference = verdict.best_single
+    assert reference.fsdp and verdict.predictions[reference].fits_memory
+    fitting = [p for p, pred in verdict.predictions.items() if pred.fits_memory]
+    assert reference.world_size == min(p.world_size for p in fitting) > 1
+    assert any(f"E is measured against {reference.describe()}" in r for r in verdict.reasons)
+    assert verdict.rows[0]["passes"] and {row["plan"]: row["efficiency"] for row in verdict.rows}[
+        reference.describe()] == 1.0  # fmt: skip
     assert verdict.best_passing is not None and verdict.best_passing.fsdp
     assert verdict.predictions[verdict.best_passing].fits_memory
     assert verdict.better_plan == verdict.best_passing

@@ -69,6 +69,28 @@ class ChannelViT(nn.Module):
             "subpatch": 0,
             "dropout": 0.1,
         },
+        # ViT-G/14's width, depth and heads (Zhai et al. 2022, "Scaling Vision Transformers"; its 8192-wide MLP as
+        # 5 × 1664): ~1.9 B parameters, whose weights, gradients and AdamW state (~30 GB) fit no 24 GB card.
+        "vit_giant": {
+            "dim": 1664,
+            "depth": 48,
+            "heads": 16,
+            "mlp_ratio": 5,
+            "num_groups": 4,
+            "subpatch": 0,
+            "dropout": 0.1,
+        },
+        # ViT-e's width, depth and heads (Chen et al. 2023, PaLI; its 15360-wide MLP as 9 × 1792): ~4 B
+        # parameters, whose weights, gradients and AdamW state (~63 GB) leave an 80 GB GPU too little for activations.
+        "vit_e": {
+            "dim": 1792,
+            "depth": 56,
+            "heads": 16,
+            "mlp_ratio": 9,
+            "num_groups": 4,
+            "subpatch": 0,
+            "dropout": 0.1,
+        },
     }
 
     def __init__(

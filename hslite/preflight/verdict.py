@@ -50,10 +50,10 @@ class Verdict:
 
     go: bool | None
     requested: Plan
-    efficiency: float | None  # E = ECD(requested) / ECD(best single device)
+    efficiency: float | None  # E = ECD(requested) / ECD(best_single)
     min_efficiency: float
     reasons: list[str]
-    best_single: Plan | None
+    best_single: Plan | None  # E's reference: the best single device that fits, else the best of the fewest that fit
     best_passing: Plan | None  # the fastest plan that passes (fits; E ≥ min_efficiency unless single-device)
     predictions: dict[Plan, Any] = field(repr=False)  # Prediction, or FootprintPrediction without compute
     rows: list[dict[str, Any]] = field(default_factory=list, repr=False)  # ranked: passing by samples/s first
@@ -148,8 +148,7 @@ def decide(requested: Plan, predictions: dict[Plan, Prediction], min_efficiency:
     singles = {p: pred for p, pred in predictions.items() if p.world_size == 1}
     if not singles:
         raise ConfigError("decide needs at least one single-device plan to measure efficiency against.")
-    fitting = {p: pred for p, pred in singles.items() if pred.fits_memory} or singles
-    best_single = max(fitting, key=lambda p: fitting[p].ecd)
+    best_single = _reference(predictions, singles)
     reference_ecd = predictions[best_single].ecd
     efficiency = {p: pred.ecd / reference_ecd for p, pred in predictions.items()}
     passing = [p for p, pred in predictions.items() if _passes(p, pred, efficiency[p], min_efficiency)]
@@ -185,8 +184,13 @@ def decide(requested: Plan, predictions: dict[Plan, Prediction], min_efficiency:
             f"E = {efficiency[requested]:.2f} for processes sharing one CPU is implausible: the single-device probe "
             "was probably slowed by other load on this machine; re-measure (fresh) when it is idle"
         )
-    if not any(pred.fits_memory for pred in singles.values()):
-        reasons.append("no single-device plan fits in memory: E is measured against an unconstrained single device")
+    if best_single.world_size > 1:
+        reasons.append(
+            f"no single device fits this step: E is measured against {best_single.describe()}, the fastest of the "
+            "fewest devices that fit it (ECD(N) of a plan that can train, not of one device that cannot)"
+        )
+    elif not predictions[best_single].fits_memory:
+        reasons.append("no plan fits in memory: E is measured against an unconstrained single device")
     if best_passing is not None and best_passing != requested:
         better = predictions[best_passing]
         # on GO, only name an alternative that is clearly faster, not one within the model's noise
@@ -200,6 +204,20 @@ def decide(requested: Plan, predictions: dict[Plan, Prediction], min_efficiency:
     return Verdict(
         go, requested, efficiency[requested], min_efficiency, reasons, best_single, best_passing, predictions, rows
     )
+
+
+def _reference(predictions: dict[Plan, Prediction], singles: dict[Plan, Prediction]) -> Plan:
+    """What E is measured against: the fastest single device that fits, else the fastest of the fewest that fit.
+
+    When one device cannot hold the model (parameters, gradients and optimiser state beyond its memory), ECD(1)
+    is that of a device that does not exist, and every plan that can train would fail against it; the seeds' ECD(N)
+    comparison is then made from the smallest layout that trains. With nothing fitting at all, the unconstrained
+    single device remains (and nothing passes).
+    """
+    fitting = [p for p, pred in predictions.items() if pred.fits_memory]
+    fewest = min((p.world_size for p in fitting), default=1)
+    pool = [p for p in fitting if p.world_size == fewest] or list(singles)
+    return max(pool, key=lambda p: predictions[p].ecd)
 
 
 def _reasons(plan: Plan, pred: Prediction, efficiency: float, min_efficiency: float, best_single: Plan) -> list[str]:

@@ -9,28 +9,22 @@ ways to price: devices measured here, GPUs priced from a device profile, or link
 
 from __future__ import annotations
 
-import copy
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import Any, cast
+from dataclasses import replace
+from typing import Any
 
 import torch
-from torch import Tensor, nn
 
 from hslite.datasets.datamodule import HSIDataModule
-from hslite.datasets.patches import PatchDataset
 from hslite.errors import ConfigError
-from hslite.models import architecture_digest, has_band_groups
-from hslite.parallel.loop_cost import measure_step_overhead
 from hslite.parallel.plan import Plan, visible_devices
 from hslite.parallel.rank_setup import quiet_lightning
 from hslite.preflight.device_profile import DeviceProfile, list_devices, load_device
 from hslite.preflight.fake_tensors import fake_mode
-from hslite.preflight.footprint import measure_footprint
 from hslite.preflight.launcher_cuda import device_memory_bytes, forked_cuda_devices
 from hslite.preflight.links import measure_links_for
-from hslite.preflight.measurements import Footprint, StepCounts
+from hslite.preflight.measurements import StepCounts
 from hslite.preflight.probe import probe_for_plans
 from hslite.preflight.run import price_absent_devices, price_from_profile, run_preflight
 from hslite.preflight.step_counts import count_step
@@ -38,11 +32,10 @@ from hslite.preflight.timers import wall_seconds
 from hslite.preflight.topology import Topology, list_topologies, load_topology
 from hslite.preflight.verdict import PreflightUndecided, Verdict
 from hslite.recipe.build import build_model, checked_rotation, plan_from_config, prepared_datamodule
+from hslite.recipe.recipe_parts import RecipeParts
 from hslite.recipe.schema import Config
 
 MAX_PRICED_DEVICES = 16  # the largest box hslite is for
-# A band-group model's per-group work, the part channel groups split across ranks: its output is the group tokens.
-TOKENIZER_MODULES = ("tokenizer", "partial_aggregation")
 
 
 def check_recipe(cfg: Config, *, from_profile: bool = False) -> Verdict:
@@ -53,22 +46,6 @@ def check_recipe(cfg: Config, *, from_profile: bool = False) -> Verdict:
     with fake_mode():  # refuses band groups the plan cannot split or rotate, before any probe; allocates nothing
         checked_rotation(cfg, plan, datamodule, build_model(cfg, datamodule))
     return preflight_check(cfg, plan, datamodule, from_profile=from_profile)
-
-
-def training_batches(datamodule: HSIDataModule, seed: int) -> Callable[[int], tuple[Tensor, Tensor]]:
-    """Random batches of b training samples gathered by the datamodule's own dataset (augmentation included).
-
-    The batches are flipped by a generator of their own: drawn with the dataset's, a fresh probe advanced the flips
-    training then saw, and Salinas-A's seed 0 scored 99.86 % after a fresh probe and 99.44 % after a cached one.
-    """
-    dataset = cast(PatchDataset, datamodule.train_dataloader().dataset).with_own_augmentation(seed)
-    generator = torch.Generator().manual_seed(seed)
-
-    def make_batch(batch_size: int) -> tuple[Tensor, Tensor]:
-        index = torch.randint(0, len(dataset), (batch_size,), generator=generator).tolist()  # type: ignore[arg-type]
-        return dataset.__getitems__(index)  # type: ignore[attr-defined]
-
-    return make_batch
 
 
 def _keeps_rng(check: Callable[..., Verdict]) -> Callable[..., Verdict]:
@@ -114,7 +91,7 @@ def preflight_check(
     compute_here = not (plan.accelerator == "gpu" and (from_profile or not torch.cuda.is_available()))
     if from_profile and (profile is None or topology is None):
         raise ConfigError("pricing from a device profile needs preflight.device=NAME and preflight.topology=NAME.")
-    recipe = _Recipe.of(cfg, plan, datamodule, have, topology, compute_here)
+    recipe = RecipeParts.of(cfg, plan, datamodule, have, topology, compute_here)
     if compute_here:
         return _measured(recipe, profile, single_device_only, max_devices)
     assert topology is not None  # `_check_decidable` asks for one for every GPU plan on a box without GPUs
@@ -144,88 +121,8 @@ def _check_decidable(plan: Plan, have: int, topology: Topology | None) -> None:
     )
 
 
-@dataclass(frozen=True)
-class _Recipe:
-    """What every way of pricing a recipe reads: its plan, model, batches and probe names, and this box's devices."""
-
-    cfg: Config
-    plan: Plan
-    classes: int
-    have: int  # devices of the plan's accelerator visible here
-    topology: Topology | None
-    compute_here: bool  # False: the plan's GPUs are priced, not timed, and host work is timed on this CPU
-    make_batch: Callable[[int], tuple[Tensor, Tensor]]
-    model_factory: Callable[[], nn.Module]
-    tokenizer: dict[str, Any]  # a band-group model's per-group work, which chag and rotation divide
-    chag_supported: bool  # the model has band groups that channel groups can split
-    name_key: str  # model, size and input: the readable part of cache_key
-    architecture: str  # `architecture_digest` of the model: the rest of cache_key
-
-    @property
-    def band_groups(self) -> int:
-        """The model's band groups, which a channel-group count must divide (0: none)."""
-        return len(self.tokenizer.get("band_group_sizes") or ())
-
-    @property
-    def cache_key(self) -> str:
-        """The probes' cache key: by architecture too, for another model under one name or an older version of it."""
-        return f"{self.name_key}-{self.architecture}"
-
-    @classmethod
-    def of(
-        cls, cfg: Config, plan: Plan, datamodule: HSIDataModule, have: int, topology: Topology | None, here: bool
-    ) -> _Recipe:
-        """The recipe's parts, its model built once (`here`) or never allocated (priced from profiles).
-
-        Measured here, each measurement gets a copy of the model. Priced from profiles, it is built on fake tensors
-        and rebuilt inside each count's own fake mode (`preflight.fake_tensors`): a model larger than this box is
-        priced in seconds.
-        """
-
-        def build() -> nn.Module:
-            torch.manual_seed(0)  # as each measurement seeds before it builds: the copies are the model it built
-            return build_model(cfg, datamodule)
-
-        if here:
-            built = functools.cache(build)
-            model, factory = built(), lambda: copy.deepcopy(built())
-        else:
-            with fake_mode():
-                model = build()
-            factory = build
-        chag_supported = has_band_groups(cfg.model.name)
-        sizes = [stop - start for start, stop in model.band_groups] if chag_supported else None  # type: ignore[union-attr]
-        tokenizer = {"tokenizer_modules": TOKENIZER_MODULES, "band_group_sizes": sizes} if chag_supported else {}
-        bands, classes, patch = datamodule.num_bands, datamodule.num_classes, cfg.data.patch_size
-        return cls(cfg, plan, classes, have, topology, here, training_batches(datamodule, cfg.train.seed), factory,
-                   tokenizer, chag_supported, f"{cfg.model.name}-{cfg.model.size}-{bands}x{patch}x{patch}-c{classes}",
-                   architecture_digest(model))  # fmt: skip
-
-    @property
-    def topology_reason(self) -> str:
-        """Where links and memory come from when a topology profile prices them."""
-        return f"links and device memory from the topology profile {self.cfg.preflight.topology!r}"
-
-    def footprint_for(self, plan: Plan) -> Footprint:
-        """The model's sizes at `plan`'s batch and precision, counted on this CPU."""
-        return measure_footprint(self.model_factory, self.make_batch, batch_size=plan.batch_size,
-                                 precision=plan.precision, **self.tokenizer)  # fmt: skip
-
-    def loop_seconds_for(self, plan: Plan) -> float:
-        """The training loop's cost per micro-step: with `plan`'s ranks where this box starts them, else one rank's.
-
-        Ranks this box cannot start (other nodes, absent GPUs) are priced with one local rank's loop, and GPUs
-        priced from a profile with one CPU process's: the host work their own box's CPU does.
-        """
-        startable = self.topology is None and (plan.accelerator == "cpu" or plan.devices <= self.have)
-        ranks = plan.devices if self.compute_here and startable and plan.num_nodes == 1 else 1
-        accelerator = plan.accelerator if self.compute_here else "cpu"
-        return measure_step_overhead(Plan(devices=ranks, accelerator=accelerator), self.classes,
-                                     fresh=self.cfg.preflight.fresh)  # fmt: skip
-
-
 def _measured(
-    recipe: _Recipe, profile: DeviceProfile | None, single_device_only: bool, max_devices: int | None
+    recipe: RecipeParts, profile: DeviceProfile | None, single_device_only: bool, max_devices: int | None
 ) -> Verdict:
     """The plan's devices are here: probe one, measure the links (or read them from the topology), price, decide."""
     cfg, plan, topology = recipe.cfg, recipe.plan, recipe.topology
@@ -256,7 +153,7 @@ def _measured(
     return verdict
 
 
-def _priced_without_compute(recipe: _Recipe, topology: Topology) -> Verdict:
+def _priced_without_compute(recipe: RecipeParts, topology: Topology) -> Verdict:
     """GPUs that are not here and no profile of them: links and memory from the topology, compute undecided."""
     verdict = price_absent_devices(
         recipe.plan,
@@ -278,7 +175,7 @@ def _device_profile(cfg: Config) -> DeviceProfile | None:
     return replace(profile, efficiency=cfg.preflight.device_efficiency) if cfg.preflight.device_efficiency else profile
 
 
-def _priced_from_profile(recipe: _Recipe, profile: DeviceProfile, topology: Topology) -> Verdict:
+def _priced_from_profile(recipe: RecipeParts, profile: DeviceProfile, topology: Topology) -> Verdict:
     """GPUs that are not here, compute from the profile's roofline; host work (gather, loop) timed on this CPU."""
     cfg, plan, make_batch = recipe.cfg, recipe.plan, recipe.make_batch
     gathers: dict[int, float] = {}

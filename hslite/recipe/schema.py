@@ -64,7 +64,7 @@ class ModelConfig:
     """Which registered architecture, at which size."""
 
     name: str = "cnn3d"  # registered model (`hslite models`)
-    size: str = "small"  # size preset of that model ("small", "large"; channel_vit also "vit_b", "vit_l")
+    size: str = "small"  # preset of that model ("small", "large"; channel_vit also vit_b, vit_l, vit_giant, vit_e)
     # G, contiguous band groups (aligned to VIS/NIR/SWIR-1/SWIR-2 when wavelengths are known): channel_vit's own
     # (0: its preset's 4), and for other models the groups that channel-subset rotation masks (0: 4)
     band_groups: int = ranged(0, AT_LEAST_0)
