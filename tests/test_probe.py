@@ -27,15 +27,21 @@ def make_batch(b: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class Tokenized(nn.Module):
-    """A stand-in for a channel-group model: a tokenizer whose output (b × G × D) feeds a head."""
+    """A stand-in for a band-group model: each of 4 groups of 2 inputs encoded to a token of 8 that a head reads."""
+
+    BAND_GROUPS = True
 
     def __init__(self) -> None:
         super().__init__()
-        self.tokenizer = nn.Sequential(nn.Linear(D, 4 * 8), nn.ReLU())
+        self.band_groups = [(2 * g, 2 * g + 2) for g in range(4)]
+        self.tokenizer = nn.Sequential(nn.Linear(2, 8), nn.ReLU())
         self.head = nn.Sequential(nn.Flatten(), nn.Linear(4 * 8, C))
 
+    def encode_group(self, x_group: torch.Tensor, group_index: int) -> torch.Tensor:
+        return self.tokenizer(x_group)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.tokenizer(x).view(-1, 4, 8))
+        return self.head(torch.stack([self.encode_group(x[:, a:b], g) for g, (a, b) in enumerate(self.band_groups)], 1))
 
 
 @pytest.fixture
@@ -105,19 +111,16 @@ def test_threads_are_set_for_the_probe_and_restored():
     assert threads_per_process(Plan(devices=1), cores=2) == 2
 
 
-def test_tokenizer_shares_token_size_and_compression_are_measured():
+def test_group_work_shares_token_size_and_compression_are_measured():
     result = probe_model(
         Tokenized, make_batch, batch_size=8, precision="32-true", threads=1, steps=1,
-        tokenizer_modules=("tokenizer",), band_group_sizes=[8] * 4, measure_compression=True,
+        band_group_sizes=[2] * 4, measure_compression=True,
     )  # fmt: skip
     assert 0 < result.chag_fraction < 1 and 0 < result.tokenizer_activation_fraction < 1
     assert result.group_token_bytes_per_sample == 4 * 8 * 4  # G × D fp32 elements
     assert result.band_groups == 4 and result.compress_seconds_per_byte > 0
-    nested = probe_model(Tokenized, make_batch, batch_size=8, precision="32-true", threads=1, steps=1,
-                         tokenizer_modules=("tokenizer.0", "tokenizer"))  # fmt: skip
-    assert nested.group_token_bytes_per_sample == 4 * 8 * 4 and 0 < nested.chag_fraction < 1
-    with pytest.raises(ConfigError, match="are not submodules"):
-        probe_model(Tokenized, make_batch, batch_size=4, precision="32-true", steps=1, tokenizer_modules=("nope",))
+    with pytest.raises(ConfigError, match="has no encode_group method"):
+        probe_model(linear_stack, make_batch, batch_size=4, precision="32-true", steps=1, band_group_sizes=[2] * 4)
 
 
 def test_bf16_autocast_probe_runs_and_bad_precision_is_refused():

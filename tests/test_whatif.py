@@ -92,7 +92,7 @@ def test_channel_groups_on_absent_devices_divide_the_tokenizer_memory_and_price_
 
     sizes = measure_footprint(
         channel_vit, patches, batch_size=16, precision="32-true",
-        tokenizer_modules=("tokenizer", "partial_aggregation"), band_group_sizes=[10] * 4,
+        band_group_sizes=[10] * 4,
     )  # fmt: skip
     assert 0.5 < sizes.tokenizer_activation_fraction < 1 and sizes.group_token_bytes_per_sample > 0
     link = load_topology("nvlink_8").link_for(Plan(devices=8, accelerator="gpu"))
@@ -188,3 +188,19 @@ def test_a_model_larger_than_this_box_is_counted_without_allocating_it():
     assert sizes.optimizer_bytes >= 8 * params and sizes.peak_bytes > 150e9
     counts = count_step(huge, batch, precision="bf16-mixed")
     assert counts.forward_flops_per_sample == pytest.approx(2 * (100_000 * 100_000 + 100_000 * 10))
+
+
+def test_the_per_group_share_of_flops_is_that_of_encode_group_whatever_its_submodules():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from hslite.preflight.step_counts import COUNT_BATCHES, count_step
+
+    factory = _shipped("channel_vit")
+    counts = count_step(factory, _patches, precision="32-true", band_groups=True)
+    model, (x, _) = factory().train(), _patches(COUNT_BATCHES[-1])
+    with FlopCounterMode(display=False) as whole:
+        model(x)
+    with FlopCounterMode(display=False) as groups:  # tokenizer, band embeddings, group spectra, partial aggregation
+        model.encode_groups(x, range(len(model.band_groups)))
+    assert counts.tokenizer_flops_fraction == pytest.approx(groups.get_total_flops() / whole.get_total_flops())
+    assert count_step(factory, _patches, precision="32-true").tokenizer_flops_fraction is None

@@ -1,13 +1,14 @@
-"""Where a forward's memory and time go: bytes autograd saves for backward, and the tokenizer's share of both.
+"""Where a forward's memory and time go: bytes autograd saves for backward, and the per-group work's share of both.
 
-Channel groups and rotation split only the tokenizer's work, so the probe measures that share (`measure_tokenizer`)
-instead of assuming it.
+Channel groups and rotation split only a band-group model's per-group work (its `encode_group`), so the probe
+measures that share (`measure_tokenizer`) instead of assuming it.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -23,7 +24,7 @@ from hslite.preflight.training_step import TrainingStep, batch_to
 class SavedTensorCounter(torch.autograd.graph.saved_tensors_hooks):
     """Bytes autograd saves for backward during a forward, one count per storage, parameters excluded.
 
-    Storages are attributed to the tokenizer when first saved while its forward runs (`inside` is set by hooks).
+    Storages are attributed to the per-group work when first saved while it runs (`inside`, set around it).
     """
 
     def __init__(self, model: nn.Module) -> None:
@@ -49,52 +50,63 @@ class SavedTensorCounter(torch.autograd.graph.saved_tensors_hooks):
         return sum(n for n, inside in self._seen.values() if inside)
 
 
+@contextmanager
+def around_group_work(model: nn.Module, enter: Callable[[], None], leave: Callable[[Any], None]) -> Iterator[None]:
+    """Call `enter()` before and `leave(output)` after each `model.encode_group(...)` run inside the block.
+
+    `encode_group` is a band-group model's per-group work (the protocol of `models.ModelClass`): what channel groups
+    split across ranks and rotation leaves out, its outputs the group tokens the ranks exchange.
+    """
+    if not callable(getattr(model, "encode_group", None)):
+        raise ConfigError(
+            f"{type(model).__name__} has no encode_group method: only a band-group model (BAND_GROUPS = True, "
+            "README 'Your own model') has per-group work to split."
+        )
+    original: Callable[..., Any] = model.encode_group  # type: ignore[assignment]
+
+    def encode_group(*args: Any, **kwargs: Any) -> Any:
+        enter()
+        output = original(*args, **kwargs)
+        leave(output)
+        return output
+
+    model.encode_group = encode_group  # type: ignore[assignment]  # an instance attribute, before the class's method
+    try:
+        yield
+    finally:
+        del model.encode_group
+
+
 def measure_tokenizer(
     result: Footprint,
     model: nn.Module,
     make_batch: Callable[[int], Any],
-    names: tuple[str, ...],
     precision: str,
     dev: torch.device,
     step: TrainingStep,
     *,
     forwards: int = 3,
 ) -> float:
-    """Fill `result`'s tokenizer share of activation bytes and its group-token bytes; return its share of forward time.
+    """Fill `result`'s per-group share of activation bytes and its group-token bytes; return its share of forward time.
 
-    `model` is in training mode on `dev`; `names` are its submodules as in `named_modules()`; the output of the
-    last one, summed over its calls, is the group tokens that channel groups exchange. The time share is the median
-    of `forwards` forwards (one is enough where only the bytes are wanted).
+    `model` is a band-group model in training mode on `dev`; its per-group work is `encode_group` (every call of it
+    in a forward), whose outputs are the group tokens that channel groups exchange. The time share is the median of
+    `forwards` forwards (one is enough where only the bytes are wanted).
     """
-    modules = dict(model.named_modules())
-    missing = [name for name in names if name not in modules]
-    if missing:
-        raise ConfigError(
-            f"tokenizer_modules {missing} are not submodules; some names: {', '.join(list(modules)[1:9])}."
-        )
     batch = batch_to(make_batch(result.batch_size), dev)
-    state: dict[str, Any] = {"depth": 0, "spans": [], "output_bytes": 0}  # spans: [start, end] of outermost calls
+    state: dict[str, Any] = {"spans": [], "output_bytes": 0}  # spans: [start, end] of each call
 
-    def enter(*_: Any) -> None:
-        state["depth"] += 1
+    def enter() -> None:
         counter.inside = True
-        if state["depth"] == 1:
-            state["spans"].append([mark(dev)])
+        state["spans"].append([mark(dev)])
 
-    def leave(module: nn.Module, _: Any, output: Any) -> None:
-        state["depth"] -= 1
-        counter.inside = state["depth"] > 0
-        if state["depth"] == 0:
-            state["spans"][-1].append(mark(dev))
-        if module is modules[names[-1]]:  # the last named module produces the group tokens
-            outputs = output if isinstance(output, (tuple, list)) else [output]
-            state["output_bytes"] += sum(t.numel() * t.element_size() for t in outputs if torch.is_tensor(t))
+    def leave(output: Any) -> None:
+        counter.inside = False
+        state["spans"][-1].append(mark(dev))
+        state["output_bytes"] += output.numel() * output.element_size()
 
-    handles = [
-        h for n in names for h in (modules[n].register_forward_pre_hook(enter), modules[n].register_forward_hook(leave))
-    ]
     shares = []
-    try:
+    with around_group_work(model, enter, leave):
         for _ in range(forwards):  # the counter of the last one gives the activation share
             state.update(spans=[], output_bytes=0)
             counter = SavedTensorCounter(model)
@@ -102,13 +114,11 @@ def measure_tokenizer(
                 marks = [mark(dev)]
                 step.loss(model, batch)
                 marks.append(mark(dev))
-            tokenizer_seconds = sum(intervals_seconds(span, dev)[0] for span in state["spans"])
-            shares.append(tokenizer_seconds / intervals_seconds(marks, dev)[0])
-    finally:
-        for handle in handles:
-            handle.remove()
+            group_seconds = sum(intervals_seconds(span, dev)[0] for span in state["spans"])
+            shares.append(group_seconds / intervals_seconds(marks, dev)[0])
     if not state["spans"]:
-        raise ConfigError(f"tokenizer_modules {list(names)} never ran in the model's forward; name modules that do.")
+        raise ConfigError(f"{type(model).__name__}'s forward never called encode_group: a band-group model encodes "
+                          "its groups with it (README 'Your own model').")  # fmt: skip
     result.tokenizer_activation_fraction = counter.inside_bytes / max(counter.total_bytes, 1)
     result.group_token_bytes_per_sample = state["output_bytes"] // result.batch_size
     return statistics.median(shares)

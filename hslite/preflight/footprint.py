@@ -25,17 +25,17 @@ def measure_footprint(
     *,
     batch_size: int,
     precision: str,
-    tokenizer_modules: tuple[str, ...] = (),
     band_group_sizes: list[int] | None = None,
     step: TrainingStep = CLASSIFIER_STEP,
 ) -> Footprint:
     """Bytes one rank holds at `batch_size` and `precision`, counted on fake tensors of the model (nothing allocated).
 
     For devices that are not here: parameters, gradients and optimiser state after one optimiser step, and the bytes
-    autograd saves in a forward at `batch_size`, with the tokenizer's share of them and the group tokens' size when
-    `tokenizer_modules` are named (channel groups and rotation divide those). `model_factory` runs inside the fake
-    mode, so a model larger than this box is counted in seconds (`fake_tensors`). Nothing is timed for pricing;
-    allocator and kernel workspace of the absent device are not known, so `peak_bytes` counts the four terms only.
+    autograd saves in a forward at `batch_size`, with the per-group work's share of them and the group tokens' size
+    for a band-group model, given its `band_group_sizes` (channel groups and rotation divide those). `model_factory`
+    runs inside the fake mode, so a model larger than this box is counted in seconds (`fake_tensors`). Nothing is
+    timed for pricing; allocator and kernel workspace of the absent device are not known, so `peak_bytes` counts the
+    four terms only.
     """
     dev = torch.device("cpu")
     with fake_mode() as mode:
@@ -54,9 +54,8 @@ def measure_footprint(
         footprint = Footprint(batch_size=batch_size, precision=precision, device="cpu (sizes only)",
                               peak_bytes=counted_peak_bytes(sizes), band_group_sizes=band_group_sizes,
                               **sizes)  # fmt: skip
-        if tokenizer_modules:
-            measure_tokenizer(footprint, model, fake_batches, tokenizer_modules, precision, dev, step,
-                              forwards=1)  # fmt: skip
+        if band_group_sizes:
+            measure_tokenizer(footprint, model, fake_batches, precision, dev, step, forwards=1)
     return footprint
 
 

@@ -43,7 +43,7 @@ def probe_for_plans(
     GPU plans are probed on PROBE_DEVICE with the plan's TF32 and cuDNN-benchmark settings, CPU plans with the
     threads one rank gets and with the plan's ranks stepping at once, for their contention (`measure_contention`).
     `probe_kwargs` go to `probe_model`
-    (cache_key, fresh, steps, measure_compression, measure_fsdp, tokenizer_modules, band_group_sizes, step, ...).
+    (cache_key, fresh, steps, measure_compression, measure_fsdp, band_group_sizes, step, ...).
     """
 
     def probe_for(plan: Plan) -> ProbeResult:
@@ -71,7 +71,6 @@ def probe_model(
     fresh: bool = False,
     measure_compression: bool = False,
     measure_fsdp: bool = False,
-    tokenizer_modules: tuple[str, ...] = (),
     band_group_sizes: list[int] | None = None,
     step: TrainingStep = CLASSIFIER_STEP,
     # A choice, not a measured figure: it bounds the check's wait where a step is slow (AMP on a CPU without bf16
@@ -86,10 +85,9 @@ def probe_model(
     The step is `step`'s: its loss on a batch of `make_batch(b)` and its optimiser (hslite's classifier step by
     default, a LightningModule's own through `lightning_step.lightning_workload`).
     Times are medians of `steps` after `warmup`, at `batch_size` and at half of it (for c0/c1); the timed loop stops
-    early once `budget_seconds` is spent. `tokenizer_modules` name
-    the submodules (as in `named_modules()`) whose work channel groups split, e.g. ("tokenizer",
-    "partial_aggregation") for channel_vit: their share of forward time and of activation bytes is measured, and the
-    output of the last one, summed over its calls, is the group-token size per sample. `concurrent_ranks` > 1 on
+    early once `budget_seconds` is spent. With `band_group_sizes` (a band-group model) the share of forward time
+    and of activation bytes of its per-group work (`encode_group`, which channel groups split) is measured, and
+    its outputs, summed over its calls, are the group-token size per sample. `concurrent_ranks` > 1 on
     CPU also measures how much slower a step runs with that many ranks at once (`measure_contention`), the
     spawned processes needing the caller's `if __name__ == "__main__":` guard. On CUDA every step is timed with
     `tf32` and `cudnn_benchmark` set as training sets them (the process's own settings come back after), and the
@@ -112,7 +110,6 @@ def probe_model(
         "threads": torch.get_num_threads(),
         "measure_compression": measure_compression,
         "measure_fsdp": measure_fsdp,
-        "tokenizer_modules": list(tokenizer_modules),
         "band_group_sizes": band_group_sizes,
         "concurrent_ranks": concurrent_ranks if dev.type == "cpu" else 1,
         # The CPU reads neither switch, so a CPU probe is the same measurement whatever the plan says.
@@ -136,11 +133,10 @@ def probe_model(
                 if measure_fsdp else None  # fmt: skip
             if overhead is not None:
                 result.fsdp_micro_overhead_seconds, result.fsdp_optimizer_overhead_seconds = overhead
-            if tokenizer_modules:
-                names = tuple(tokenizer_modules)
+            if band_group_sizes:
                 torch.manual_seed(0)
                 model = model_factory().to(dev).train()
-                result.chag_fraction = measure_tokenizer(result, model, make_batch, names, precision, dev, step)
+                result.chag_fraction = measure_tokenizer(result, model, make_batch, precision, dev, step)
                 result.band_group_sizes = band_group_sizes
             if dev.type == "cpu" and concurrent_ranks > 1:
                 alone_seconds = result.forward_seconds + result.backward_seconds + result.optimizer_seconds

@@ -12,7 +12,8 @@ allocated, so a model larger than this box counts in seconds, and the counts equ
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -21,6 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from hslite.cache import read_cache, write_cache
+from hslite.preflight.activations import around_group_work
 from hslite.preflight.fake_tensors import fake_batch, fake_mode
 from hslite.preflight.measurements import StepCounts
 from hslite.preflight.timers import autocast
@@ -56,17 +58,18 @@ def count_step(
     make_batch: Callable[[int], Any],
     *,
     precision: str,
-    tokenizer_modules: tuple[str, ...] = (),
+    band_groups: bool = False,
     step: TrainingStep = CLASSIFIER_STEP,
     cache_key: str | None = None,
     fresh: bool = False,
 ) -> StepCounts:
     """FLOPs per phase (c0 + c1·b), kernels per phase and input bytes of one training step, under the plan's autocast.
 
-    `tokenizer_modules` (as in `named_modules()`) also give their share of forward FLOPs, which channel groups divide.
+    A band-group model's per-group work (`encode_group`) also gives its share of forward FLOPs, which channel groups
+    divide, when `band_groups`.
     Cached like the probe when `cache_key` is given (a bf16 count takes seconds on an AVX2 CPU); `fresh=True` recounts.
     """
-    key = {"cache_key": cache_key, "precision": precision, "tokenizer_modules": list(tokenizer_modules),
+    key = {"cache_key": cache_key, "precision": precision, "band_groups": band_groups,
            "step": step.label, "torch": torch.__version__}  # fmt: skip
     cached = None if cache_key is None or fresh else read_cache("step_counts", key)
     if cached is not None:
@@ -81,7 +84,7 @@ def count_step(
         for batch_size in COUNT_BATCHES:
             batch = fake_batch(mode, make_batch, batch_size)
             forward_counter, forward_kernels = FlopCounterMode(display=False), KernelCounter()
-            with forward_counter, forward_kernels, autocast(precision, dev):
+            with forward_counter, forward_kernels, autocast(precision, dev), _group_flops(model, band_groups) as group:
                 loss = step.loss(model, batch)
             backward_counter, backward_kernels = FlopCounterMode(display=False), KernelCounter()
             with backward_counter, backward_kernels:
@@ -92,9 +95,7 @@ def count_step(
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
             flops[batch_size] = (float(forward_counter.get_total_flops()), float(backward_counter.get_total_flops()))
-            by_module = forward_counter.get_flop_counts()
-            prefix = type(model).__name__
-            tokenizer_flops = sum(sum(by_module.get(f"{prefix}.{name}", {}).values()) for name in tokenizer_modules)
+            tokenizer_flops = sum(group)
     (b1, (f1, g1)), (b2, (f2, g2)) = sorted(flops.items())
     counts = StepCounts(
         model=type(model).__name__,
@@ -107,8 +108,30 @@ def count_step(
         backward_kernels=backward_kernels.kernels,
         optimizer_kernels=optimizer_kernels.kernels,
         input_bytes_per_sample=batch_bytes(batch) // b2,
-        tokenizer_flops_fraction=tokenizer_flops / f2 if tokenizer_modules and f2 > 0 else None,
+        tokenizer_flops_fraction=tokenizer_flops / f2 if band_groups and f2 > 0 else None,
     )
     if cache_key is not None:
         write_cache("step_counts", key, counts.to_dict())
     return counts
+
+
+@contextmanager
+def _group_flops(model: nn.Module, band_groups: bool) -> Iterator[list[int]]:
+    """FLOPs of each `encode_group` call inside the block (none unless `band_groups`): the per-group work's."""
+    flops: list[int] = []
+    if not band_groups:
+        yield flops
+        return
+    counters: list[FlopCounterMode] = []
+
+    def enter() -> None:  # a counter per call: entering one clears its counts
+        counters.append(FlopCounterMode(display=False))
+        counters[-1].__enter__()
+
+    def leave(_: Any) -> None:
+        counter = counters.pop()
+        counter.__exit__(None, None, None)
+        flops.append(counter.get_total_flops())
+
+    with around_group_work(model, enter, leave):
+        yield flops

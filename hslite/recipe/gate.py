@@ -129,7 +129,7 @@ def _measured(
     probe_for = probe_for_plans(recipe.model_factory, recipe.make_batch, cache_key=recipe.cache_key,
                                 fresh=cfg.preflight.fresh, steps=cfg.preflight.probe_steps,
                                 measure_compression=plan.compression_enabled, measure_fsdp=plan.fsdp,
-                                **recipe.tokenizer)  # fmt: skip
+                                band_group_sizes=recipe.band_group_sizes)  # fmt: skip
     links_for = None if topology else (lambda p: measure_links_for(p, fresh=cfg.preflight.fresh))
     memory_bytes = None if topology else functools.partial(device_memory_bytes, plan.accelerator)
     most = max(plan.devices, min(max_devices or recipe.have, MAX_PRICED_DEVICES))
@@ -190,7 +190,7 @@ def _priced_from_profile(recipe: RecipeParts, profile: DeviceProfile, topology: 
 
     def counts_for(p: Plan) -> StepCounts:
         return count_step(recipe.model_factory, make_batch, precision=p.precision, cache_key=recipe.cache_key,
-                          tokenizer_modules=recipe.tokenizer.get("tokenizer_modules", ()),
+                          band_groups=recipe.band_group_sizes is not None,
                           fresh=cfg.preflight.fresh)  # fmt: skip
 
     verdict = price_from_profile(plan, recipe.footprint_for, counts_for, gather_seconds, profile, topology,

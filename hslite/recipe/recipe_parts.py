@@ -10,7 +10,7 @@ import copy
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -26,9 +26,6 @@ from hslite.preflight.measurements import Footprint
 from hslite.preflight.topology import Topology
 from hslite.recipe.build import build_model
 from hslite.recipe.schema import Config
-
-# A band-group model's per-group work, the part channel groups split across ranks: its output is the group tokens.
-TOKENIZER_MODULES = ("tokenizer", "partial_aggregation")
 
 
 def training_batches(datamodule: HSIDataModule, seed: int) -> Callable[[int], tuple[Tensor, Tensor]]:
@@ -59,7 +56,7 @@ class RecipeParts:
     compute_here: bool  # False: the plan's GPUs are priced, not timed, and host work is timed on this CPU
     make_batch: Callable[[int], tuple[Tensor, Tensor]]
     model_factory: Callable[[], nn.Module]
-    tokenizer: dict[str, Any]  # a band-group model's per-group work, which chag and rotation divide
+    band_group_sizes: list[int] | None  # bands per group of a band-group model (its `encode_group` work is split)
     chag_supported: bool  # the model has band groups that channel groups can split
     name_key: str  # model, size and input: the readable part of cache_key
     architecture: str  # `architecture_digest` of the model: the rest of cache_key
@@ -67,7 +64,7 @@ class RecipeParts:
     @property
     def band_groups(self) -> int:
         """The model's band groups, which a channel-group count must divide (0: none)."""
-        return len(self.tokenizer.get("band_group_sizes") or ())
+        return len(self.band_group_sizes or ())
 
     @property
     def cache_key(self) -> str:
@@ -98,10 +95,9 @@ class RecipeParts:
             factory = build
         chag_supported = has_band_groups(cfg.model.name)
         sizes = [stop - start for start, stop in model.band_groups] if chag_supported else None  # type: ignore[union-attr]
-        tokenizer = {"tokenizer_modules": TOKENIZER_MODULES, "band_group_sizes": sizes} if chag_supported else {}
         bands, classes, patch = datamodule.num_bands, datamodule.num_classes, cfg.data.patch_size
         return cls(cfg, plan, classes, have, topology, here, training_batches(datamodule, cfg.train.seed), factory,
-                   tokenizer, chag_supported, f"{cfg.model.name}-{cfg.model.size}-{bands}x{patch}x{patch}-c{classes}",
+                   sizes, chag_supported, f"{cfg.model.name}-{cfg.model.size}-{bands}x{patch}x{patch}-c{classes}",
                    architecture_digest(model))  # fmt: skip
 
     @property
@@ -112,7 +108,7 @@ class RecipeParts:
     def footprint_for(self, plan: Plan) -> Footprint:
         """The model's sizes at `plan`'s batch and precision, counted on its fake tensors."""
         return measure_footprint(self.model_factory, self.make_batch, batch_size=plan.batch_size,
-                                 precision=plan.precision, **self.tokenizer)  # fmt: skip
+                                 precision=plan.precision, band_group_sizes=self.band_group_sizes)  # fmt: skip
 
     def loop_seconds_for(self, plan: Plan) -> float:
         """The training loop's cost per micro-step: with `plan`'s ranks where this box starts them, else one rank's.
