@@ -11,6 +11,7 @@ from hslite.parallel.plan import Plan
 from hslite.preflight import costmodel as cm
 from hslite.preflight import formulas
 from hslite.preflight.measurements import LinkModel, ProbeResult
+from hslite.preflight.run import run_preflight
 
 GB = 1e9
 MB = 1e6
@@ -74,14 +75,28 @@ def test_exact_ring_factor_charges_latency_per_step_and_fraction_of_bytes():
     assert formulas.allreduce_seconds(GRAD_BYTES, 1, link) == 0.0
 
 
-def test_critical_params_on_fast_link_and_none_when_dp_never_pays():
+def test_critical_params_follow_the_sign_rule_on_the_seeds_cases():
     c1_per_param_sample = COMPUTE_SECONDS / (2_000_000 * 64)
-    fast = formulas.critical_params(0.0, c1_per_param_sample, 64, LinkModel(1e-4, 40 * GB))
-    # at P*, compute equals alpha + 2·P·b_g/BW (r* = 1)
-    assert fast == pytest.approx(1e-4 / (c1_per_param_sample * 64 - 8 / (40 * GB)))
-    assert c1_per_param_sample * fast * 64 == pytest.approx(1e-4 + 2 * fast * 4 / (40 * GB))
-    assert formulas.critical_params(0.0, c1_per_param_sample, 64, LinkModel(0.0, 1 * GB)) is None
-    assert formulas.critical_params(1e-3, c1_per_param_sample, 64, LinkModel(1e-4, 40 * GB)) == 0.0  # any size pays
+    # the seeds' simplification: T_comm = alpha + 2·P·b_g/BW
+    fast = formulas.critical_params(0.0, c1_per_param_sample, 64, 1e-4, 2 * 4 / (40 * GB))
+    assert fast.pays == "above" and fast.params == pytest.approx(1e-4 / (c1_per_param_sample * 64 - 8 / (40 * GB)))
+    assert c1_per_param_sample * fast.params * 64 == pytest.approx(1e-4 + 2 * fast.params * 4 / (40 * GB))  # r = 1
+    assert fast.pays_at(2 * fast.params) and not fast.pays_at(fast.params / 2)
+    never = formulas.critical_params(0.0, c1_per_param_sample, 64, 0.0, 2 * 4 / (1 * GB))
+    assert never.pays == "never" and never.params is None and not never.pays_at(1e12)
+    always = formulas.critical_params(1e-3, c1_per_param_sample, 64, 1e-4, 2 * 4 / (40 * GB))
+    assert always.pays == "always" and always.pays_at(1)
+    # Seed 002's small model: c0 = 2 ms, 1 GB/s, b = 9: the compute's fixed part hides the link's latency, so DP pays
+    # below about 0.4 M parameters (DESIGN §3), where a denominator ≤ 0 once read as "never"
+    small = formulas.critical_params(2e-3, 1 / 3 * 1e-9, 9, 0.0, 2 * 4 / (1 * GB))
+    assert small.pays == "below" and small.params == pytest.approx(0.4e6)
+    assert small.pays_at(0.3e6) and not small.pays_at(0.5e6)
+
+
+def test_ring_terms_of_p_star_are_the_ring_all_reduce():
+    link = LinkModel(1e-4, 40 * GB)
+    alpha, beta = formulas.ring_allreduce_terms(link, 4, 4)
+    assert alpha + beta * 2_000_000 == pytest.approx(formulas.allreduce_seconds(GRAD_BYTES, 4, link))
 
 
 def test_fit_compute_model_recovers_line_and_clips_noise():
@@ -229,3 +244,22 @@ def test_the_int8_hook_is_priced_with_no_overlap_as_its_collectives_are_synchron
     assert priced["int8", "hiding"].comm_seconds == pytest.approx(priced["int8", "bound"].comm_seconds)
     assert any("no overlap" in note for note in priced["int8", "hiding"].notes)
     assert priced["bf16", "hiding"].comm_seconds < priced["bf16", "bound"].comm_seconds
+
+
+@pytest.mark.parametrize(
+    ("link", "regime"),
+    [
+        (LinkModel(1e-6, 600 * GB), "compute-bound"),  # 0.05 ms of all-reduce against 8 ms of compute
+        (LinkModel(1e-6, 1 * GB), "communication-bound"),  # 12 ms of bytes, 6 µs of latency
+        (LinkModel(2e-3, 600 * GB), "latency-bound"),  # 6 ring steps of 2 ms, 0.05 ms of bytes
+    ],
+)
+def test_every_plan_is_named_by_the_regime_that_bounds_it(link, regime):
+    from hslite.preflight.regime import LEVERS
+
+    pred = cm.predict(gpu_plan(4), make_probe(), link, 80 * 2**30)
+    assert pred.regime == regime
+    assert cm.predict(gpu_plan(1), make_probe(), link, 80 * 2**30).regime == "compute-bound"  # nothing to exchange
+    verdict = run_preflight(gpu_plan(4), lambda plan: make_probe(), lambda plan: link, 80 * 2**30, amp=False)
+    assert {row["regime"] for row in verdict.rows if row["requested"]} == {regime}
+    assert f"is {regime}: {LEVERS[regime]}" in " ".join(verdict.reasons)

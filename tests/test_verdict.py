@@ -286,3 +286,21 @@ def test_channel_group_candidates_divide_the_models_band_groups():
     chags = {p.chag for p in candidate_plans(requested, 8, chag_supported=True, band_groups=4)}
     assert chags == {1, 2, 4}  # 8 ranks cannot split 4 groups: never priced
     assert {p.chag for p in candidate_plans(requested, 8, chag_supported=True)} == {1, 2, 4, 8}
+
+
+def test_p_star_per_link_is_reported_beside_the_verdict(capsys):
+    from hslite.preflight.report import print_verdict
+
+    requested = Plan(devices=8, accelerator="gpu", batch_size=64)
+    verdict = run_preflight(requested, synthetic_probe, topology=load_topology("nvlink_8"))
+    report = verdict.to_dict()["critical_params"]
+    rows = {row["link"]: row for row in report["links"]}
+    assert list(rows)[0] == "topology nvlink_8, as requested" and "pcie4_8 (inside a node)" in rows
+    assert report["world_size"] == 8 and report["model_params"] == synthetic_probe(requested).param_count
+    assert verdict.go and rows["topology nvlink_8, as requested"]["pays_for_this_model"]  # the two agree
+    for row in rows.values():  # each row's side of P* is what its figures say
+        assert row["pays_for_this_model"] == (
+            row["pays"] == "always" or (row["pays"] == "above" and report["model_params"] >= row["p_star"])
+            or (row["pays"] == "below" and report["model_params"] <= row["p_star"]))  # fmt: skip
+    print_verdict(verdict)
+    assert "P* per link" in capsys.readouterr().out

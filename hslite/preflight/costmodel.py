@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from hslite.parallel.group_owners import rank_groups
@@ -21,6 +21,7 @@ from hslite.preflight.formulas import (
     reduce_scatter_seconds,
     wire_bytes,
 )
+from hslite.preflight.regime import plan_regime
 
 if TYPE_CHECKING:
     from hslite.parallel.plan import Plan
@@ -55,6 +56,7 @@ class Prediction:
     r: float  # communication/computation ratio, S(N) = N/(1+r)
     memory_budget_bytes: int  # what one rank may use (host memory ÷ processes on CPU)
     memory_breakdown_bytes: dict[str, int] = field(default_factory=dict)
+    regime: str = "compute-bound"  # compute-, latency- or communication-bound (`regime.plan_regime`)
     oversubscription: float = 1.0  # CPU compute slow-down from ranks sharing cores, caches, memory; 1: none
     cpu_cores: int | None = None  # cores the CPU ranks share; None on GPU
     notes: list[str] = field(default_factory=list)
@@ -155,6 +157,7 @@ def predict(
     compute_seconds, backward_seconds = (oversubscription * s for s in _compute_seconds(plan, probe, plan.chag, shards))
     exposed_seconds = comm_seconds(plan, probe, link, chag_link, backward_seconds, ring_factor_exact, notes)
     exposed_seconds += _quantise_seconds(plan, probe, notes)
+    regime = _regime(plan, probe, link, chag_link, ring_factor_exact, exposed_seconds, compute_seconds)
     _unpriced_notes(plan, probe, notes)
     alone_loop_seconds = loop_seconds if alone_loop_seconds is None else alone_loop_seconds
     # Non-final micro-steps run under no_sync: no collective, no optimiser step, so each rank pays only its own loop.
@@ -179,10 +182,30 @@ def predict(
         r=plan.world_size / speedup - 1.0,
         memory_budget_bytes=budget_bytes,
         memory_breakdown_bytes=breakdown,
+        regime=regime,
         oversubscription=oversubscription,
         cpu_cores=cores,
         notes=notes,
     )
+
+
+def _regime(
+    plan: Plan,
+    probe: ProbeResult,
+    link: LinkModel,
+    chag_link: LinkModel | None,
+    exact: bool,
+    exposed_seconds: float,
+    compute_seconds: float,
+) -> str:
+    # The plan's communication split into what its messages' latency costs and what its bytes cost (none hidden).
+    def latency_only(model: LinkModel | None) -> LinkModel | None:
+        return None if model is None else replace(model, bandwidth_bytes_per_second=math.inf)
+
+    latency = comm_seconds(plan, probe, replace(link, bandwidth_bytes_per_second=math.inf), latency_only(chag_link),
+                           0.0, exact, [])  # fmt: skip
+    wire = comm_seconds(plan, probe, link, chag_link, 0.0, exact, []) - latency
+    return plan_regime(exposed_seconds, latency, wire, compute_seconds)
 
 
 def _extrapolation_notes(plan: Plan, probe: ProbeResult) -> list[str]:

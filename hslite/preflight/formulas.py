@@ -8,6 +8,7 @@ P* line), which is what the reference cases assume.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -91,24 +92,50 @@ def fit_compute_model(batch_sizes: list[int], seconds: list[float]) -> tuple[flo
     return float(c0), float(c1)
 
 
+@dataclass(frozen=True)
+class CriticalParams:
+    """Where data parallelism pays on a link by model size: P*, and on which side of it (DESIGN §3's sign rule)."""
+
+    params: float | None  # P*; None where DP pays at every size ("always") or at none ("never")
+    pays: str  # "above": for P ≥ P*; "below": for P ≤ P*; "always"; "never"
+
+    def pays_at(self, params: float) -> bool:
+        """Whether DP reaches r ≤ r* for a model of `params` parameters on this link."""
+        if self.params is None:
+            return self.pays == "always"
+        return params >= self.params if self.pays == "above" else params <= self.params
+
+
 def critical_params(
     c0_seconds: float,
     c1_seconds_per_param_sample: float,
     batch_size: int,
-    link: LinkModel,
+    fixed_comm_seconds: float,
+    comm_seconds_per_param: float,
     *,
     r_target: float = 1.0,
-    grad_element_bytes: int = 4,
-) -> float | None:
-    """P* = (alpha − r*·c0) / (r*·c1·b − 2·b_g/BW): DP reaches r ≤ r* from P* parameters up (DESIGN §3).
+) -> CriticalParams:
+    """P* = (alpha − r*·c0) / (r*·c1·b − beta): the model size where DP's r crosses r* (DESIGN §3).
 
-    From T_c ≈ c0 + c1·P·b and T_comm ≈ alpha + 2·P·b_g/BW. c1 here is per parameter and sample: a probe's
-    `compute_c1_seconds_per_sample / param_count`. None when the denominator is ≤ 0: DP never pays on that link.
-    Clipped at 0 when any size pays.
+    From T_c ≈ c0 + c1·P·b and T_comm ≈ alpha + beta·P (alpha = `fixed_comm_seconds`, beta =
+    `comm_seconds_per_param`; the seeds' simplification has alpha the link latency and beta = 2·b_g/BW,
+    `ring_allreduce_terms` a ring's): DP pays where alpha + beta·P ≤ r*·(c0 + c1·P·b). c1 here is per parameter and
+    sample: a probe's `compute_c1_seconds_per_sample / param_count`. The denominator's sign says which side pays:
+    > 0, models of P* parameters and up (every size when P* ≤ 0); < 0, models up to P* (when r*·c0 > alpha: the
+    compute's fixed part hides the latency), none when P* < 0.
     """
-    denominator = r_target * c1_seconds_per_param_sample * batch_size - 2 * grad_element_bytes / (
-        link.bandwidth_bytes_per_second
+    numerator = fixed_comm_seconds - r_target * c0_seconds
+    denominator = r_target * c1_seconds_per_param_sample * batch_size - comm_seconds_per_param
+    if denominator == 0:
+        return CriticalParams(None, "always" if numerator <= 0 else "never")
+    p_star = numerator / denominator
+    if denominator > 0:
+        return CriticalParams(p_star, "above") if p_star > 0 else CriticalParams(None, "always")
+    return CriticalParams(p_star, "below") if p_star > 0 else CriticalParams(None, "never")
+
+
+def ring_allreduce_terms(link: LinkModel, world_size: int, grad_element_bytes: float) -> tuple[float, float]:
+    """(alpha, beta) of a ring all-reduce of P gradients as alpha + beta·P: 2(N−1)·latency, 2(N−1)/N·b_g/BW."""
+    return 2 * (world_size - 1) * link.alpha_seconds, (
+        2 * (world_size - 1) / world_size * grad_element_bytes / link.bandwidth_bytes_per_second
     )
-    if denominator <= 0:
-        return None
-    return max(0.0, (link.alpha_seconds - r_target * c0_seconds) / denominator)

@@ -19,6 +19,7 @@ from hslite.errors import ConfigError
 from hslite.parallel.plan import Plan
 from hslite.preflight.candidates import candidate_plans, largest_one_device_batch
 from hslite.preflight.costmodel import Prediction, predict
+from hslite.preflight.critical import bundled_links, critical_params_report
 from hslite.preflight.device_profile import DeviceProfile
 from hslite.preflight.measurements import Footprint, LinkModel, ProbeResult, StepCounts
 from hslite.preflight.roofline import profile_probe, profile_reasons, roofline_summary
@@ -127,8 +128,11 @@ def run_preflight(
             alone_loop_seconds=alone_loop_seconds,
         )
         pred.notes += topology.mapping_notes(plan) if topology is not None else []
+        if plan == requested:
+            priced_request.update(probe=probes[probe_key], link=links[link_key])
         return pred
 
+    priced_request: dict[str, Any] = {}  # the requested plan's probe and link, for P*
     bandwidth_ratio = topology.bandwidth_ratio if topology is not None else math.inf
     predictions = _price_candidates(
         requested,
@@ -139,7 +143,17 @@ def run_preflight(
         amp=amp,
         band_groups=band_groups,
     )
-    return decide(requested, predictions, min_efficiency)
+    verdict = decide(requested, predictions, min_efficiency)
+    world = max(requested.world_size, 2)  # P* of a one-device request: at the smallest DP it could grow to
+    p_star_links = {name: (link, 1.0) for name, link in bundled_links(world).items()}
+    if requested.world_size > 1:
+        here = f"topology {topology.name}" if topology is not None else "measured on this box"
+        requested_link = (priced_request["link"], predictions[requested].oversubscription)
+        p_star_links = {f"{here}, as requested": requested_link, **p_star_links}
+    verdict.critical_params = critical_params_report(
+        priced_request["probe"], requested.batch_size, world, p_star_links, min_efficiency
+    )
+    return verdict
 
 
 def price_absent_devices(

@@ -15,6 +15,7 @@ from rich.table import Table
 from hslite.errors import ConfigError, HSLiteError
 from hslite.parallel.plan import Plan
 from hslite.preflight.costmodel import Prediction
+from hslite.preflight.regime import LEVERS
 
 NO_GO_EXIT_CODE = 3  # DESIGN §3
 UNDECIDED_EXIT_CODE = 4  # the plan's devices are not here: compute not measured, so neither GO nor NO-GO
@@ -59,6 +60,7 @@ class Verdict:
     rows: list[dict[str, Any]] = field(default_factory=list, repr=False)  # ranked: passing by samples/s first
     compute_measured: bool = True  # step times measured on the plan's own kind of device
     compute_profile: dict[str, Any] | None = None  # what a device profile priced compute with (roofline_summary)
+    critical_params: dict[str, Any] | None = None  # P* per link (`critical.critical_params_report`)
 
     @property
     def compute_source(self) -> str:
@@ -102,6 +104,7 @@ class Verdict:
             "best_passing": self.best_passing.describe() if self.best_passing else None,
             "best_passing_plan": self.best_passing.to_dict() if self.best_passing else None,
             "better_plan": self.better_plan.describe() if self.better_plan else None,
+            "critical_params": self.critical_params,
             "requested_prediction": self.predictions[self.requested].to_dict(),
             "rows": self.rows,
         }
@@ -115,7 +118,7 @@ class Verdict:
         priced = self.compute_measured or self.compute_profile is not None  # the rows carry step times
         columns: tuple[str, ...]
         if priced:
-            columns = ("plan", "step s", "samples/s", "ECD", "E", "memory/device", "fits", "passes")
+            columns = ("plan", "step s", "samples/s", "ECD", "E", "regime", "memory/device", "fits", "passes")
         else:
             columns = ("plan", "link s/step", "wire MiB/step", "memory/device", "fits")
         for name in columns:
@@ -130,7 +133,8 @@ class Verdict:
             figures: tuple[str, ...]
             if priced:
                 figures = (f"{row['step_seconds']:.4g}", f"{row['samples_per_second']:.4g}", f"{row['ecd']:.4g}",
-                           f"{row['efficiency']:.2f}", *memory, "yes" if row["passes"] else "no")  # fmt: skip
+                           f"{row['efficiency']:.2f}", row["regime"], *memory,
+                           "yes" if row["passes"] else "no")  # fmt: skip
             else:
                 figures = (f"{row['comm_seconds']:.3g}", f"{row['wire_bytes'] / 2**20:.3g}", *memory)
             table.add_row(row["plan"] + mark, *figures)
@@ -163,6 +167,7 @@ def decide(requested: Plan, predictions: dict[Plan, Prediction], min_efficiency:
                 "samples_per_second": pred.samples_per_second,
                 "ecd": pred.ecd,
                 "efficiency": efficiency[plan],
+                "regime": pred.regime,
                 "per_device_peak_bytes": pred.per_device_peak_bytes,
                 "memory_budget_bytes": pred.memory_budget_bytes,
                 "fits": pred.fits_memory,
@@ -252,4 +257,5 @@ def _reasons(plan: Plan, pred: Prediction, efficiency: float, min_efficiency: fl
     verdict = "≥" if efficiency >= min_efficiency else "<"
     summary = f"predicted efficiency {efficiency:.2f} {verdict} {min_efficiency:g} against {best_single.describe()}"
     reasons.append("; ".join(causes) + ", " + summary if causes and efficiency < min_efficiency else summary)
+    reasons.append(f"{plan.describe()} is {pred.regime}: {LEVERS[pred.regime]}")
     return reasons

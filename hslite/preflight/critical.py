@@ -1,0 +1,75 @@
+"""P* per link, shown to the user: the model size where data parallelism starts (or stops) paying on each link.
+
+For the requested per-device batch and this model's compute (c0 + c1·b from the probe, measured here or priced from
+a device profile, slowed by s where this box's CPU ranks share cores), P* is where the ring all-reduce's
+r = T_comm / T_c crosses r* = 1/(s·E_min) − 1, the ratio at which E = 1/(s·(1 + r)) meets
+`preflight.min_efficiency` (DESIGN §3: T_c ≈ c0 + c1·P·b, the seeds' assumption that compute grows with the
+parameters). One row per link: this box's (measured) or the requested topology's, and each bundled topology's at
+the same rank count with a device per rank (s = 1), so a team sees which links its model size needs. Neither DDP's
+overlap nor the training loop's own cost enters P*: the plan table prices those.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hslite.errors import ConfigError
+from hslite.parallel.plan import Plan
+from hslite.preflight.formulas import critical_params, ring_allreduce_terms
+from hslite.preflight.measurements import LinkModel, ProbeResult
+from hslite.preflight.topology import list_topologies, load_topology
+
+_SIDE = {"above": "models of P* and up", "below": "models up to P*", "always": "every size", "never": "no size"}
+
+
+def bundled_links(world_size: int) -> dict[str, LinkModel]:
+    """The link a ring of `world_size` ranks uses on each bundled topology that has that many GPUs, by name."""
+    links: dict[str, LinkModel] = {}
+    for name in list_topologies():
+        topology = load_topology(name)
+        nodes = -(-world_size // topology.gpus_per_node)
+        if nodes > topology.nodes or world_size % nodes:
+            continue
+        where = "inside a node" if nodes == 1 else f"across {nodes} nodes"
+        try:
+            link = topology.link_for(Plan(devices=world_size // nodes, num_nodes=nodes, accelerator="gpu"))
+        except ConfigError:  # the profile has no link of that kind
+            continue
+        if all((link.alpha_seconds, link.bandwidth_bytes_per_second) != (seen.alpha_seconds,
+               seen.bandwidth_bytes_per_second) for seen in links.values()):  # fmt: skip
+            links[f"{name} ({where})"] = link  # the nodes of a two-node profile are another's one node
+    return links
+
+
+def critical_params_report(
+    probe: ProbeResult,
+    batch_size: int,
+    world_size: int,
+    links: dict[str, tuple[LinkModel, float]],
+    min_efficiency: float,
+) -> dict[str, Any]:
+    """P* of `probe`'s model on each of `links` at `world_size` ranks of `batch_size`, with the model's own P.
+
+    Each link comes with s, how much slower a rank computes beside the others there (CPU ranks sharing cores; 1
+    where each rank has a device of its own).
+    """
+    c1 = probe.compute_c1_seconds_per_sample / probe.param_count
+    grad_element_bytes = probe.grad_bytes / probe.param_count
+    rows = []
+    for name, (link, slowdown) in links.items():
+        r_target = 1 / (slowdown * min_efficiency) - 1
+        alpha, beta = ring_allreduce_terms(link, world_size, grad_element_bytes)
+        p_star = critical_params(slowdown * probe.compute_c0_seconds, slowdown * c1, batch_size, alpha, beta,
+                                 r_target=r_target)  # fmt: skip
+        rows.append({"link": name, "p_star": p_star.params, "pays": p_star.pays, "pays_for": _SIDE[p_star.pays],
+                     "pays_for_this_model": p_star.pays_at(probe.param_count), "r_target": r_target,
+                     "slowdown": slowdown, "alpha_seconds": link.alpha_seconds,
+                     "bandwidth_bytes_per_second": link.bandwidth_bytes_per_second})  # fmt: skip
+    return {
+        "model_params": probe.param_count,
+        "world_size": world_size,
+        "batch_size": batch_size,
+        "c0_seconds": probe.compute_c0_seconds,
+        "c1_seconds_per_param_sample": c1,
+        "links": rows,
+    }
