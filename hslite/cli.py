@@ -8,6 +8,7 @@
     hslite recipes                               # list recipes
     hslite models                                # list models
     hslite data list | info SCENE|PATH | fetch SCENE [data.root=DIR]
+    hslite topology measure --devices 4 --output box.yaml   # this box's links, for preflight.topology=box.yaml
     hslite fit data.scene=cube.hdr data.labels=gt.tif   # your own cube and label raster
     hslite predict run=runs/quickstart/STAMP [cube=PATH] [probabilities=true]   # map a cube with a finished run
 
@@ -138,6 +139,19 @@ def _cmd_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_topology(args: argparse.Namespace) -> int:
+    from hslite.parallel.plan import resolve_accelerator
+    from hslite.preflight.topology import load_topology
+    from hslite.preflight.topology_file import measure_topology, write_topology
+
+    accelerator = resolve_accelerator(args.accelerator)
+    path = write_topology(measure_topology(args.devices, accelerator, fresh=args.fresh), args.output)
+    topology = load_topology(str(path))
+    print(f"{path}: {topology.gpus_per_node} {accelerator} ranks, {topology.intra_gbps:.3g} GB/s busbw, "
+          f"{topology.intra_latency_us:.3g} µs per ring step; price with preflight.topology={path}")  # fmt: skip
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hslite",
@@ -175,6 +189,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=("list", "info", "fetch"))
     p.add_argument("scene", nargs="?", help="scene name (info, fetch), or the path of a cube or label file (info)")
     p.add_argument("overrides", nargs="*", metavar="data.root=DIR")
+    p = add("topology", _cmd_topology, "measure this box's links and write a topology profile (preflight.topology=)")
+    p.add_argument("action", choices=("measure",))
+    p.add_argument("--devices", type=int, required=True, help="ranks of the measured all-reduce (2 or more)")
+    p.add_argument("--accelerator", default="auto", choices=("auto", "cpu", "gpu"), help="gloo processes or GPUs")
+    p.add_argument("--output", required=True, help="the .yaml file to write (never overwritten)")
+    p.add_argument("--fresh", action="store_true", help="measure again instead of reading the link cache")
     return parser
 
 

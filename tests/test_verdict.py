@@ -247,7 +247,11 @@ def test_two_nodes_on_a_slow_network_lose_to_one_nvlink_node():
     int8, bf16 = (verdict.predictions[requested.with_(compression=c)] for c in ("int8", "bf16"))
     assert int8.samples_per_second > bf16.samples_per_second > verdict.predictions[requested].samples_per_second
     fsdp = [  # the mapping rule: per-layer traffic stays inside a node
-        p for p in candidate_plans(requested, 8, include_fsdp=True, bandwidth_ratio=topology.bandwidth_ratio) if p.fsdp
+        p
+        for p in candidate_plans(
+            requested, 8, include_fsdp=True, per_layer_across_nodes=topology.per_layer_across_nodes
+        )
+        if p.fsdp
     ]
     assert fsdp and all(p.num_nodes == 1 for p in fsdp)  # per-layer traffic is kept off the 34× slower link
 

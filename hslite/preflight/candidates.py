@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import math
-
 from hslite.parallel.plan import Plan
-from hslite.preflight.topology import PER_LAYER_CROSS_NODE_MAX_RATIO
 
 AMP_PRECISION = "bf16-mixed"  # the AMP a single device is also priced with; fp16 on CPU runs as bf16 anyway
 BATCH_SCALES = (4, 2, 1, 1 / 2, 1 / 4)  # per-device batch × scale, accumulation ÷ scale: same global batch
@@ -40,7 +37,7 @@ def candidate_plans(
     chag_supported: bool = False,
     band_groups: int = 0,
     include_fsdp: bool = False,
-    bandwidth_ratio: float = math.inf,
+    per_layer_across_nodes: bool = False,
     amp: bool = True,
 ) -> list[Plan]:
     """Every layout worth pricing against `requested`, all at its global batch (where the sizes divide).
@@ -48,8 +45,8 @@ def candidate_plans(
     One device with accumulation, and with AMP too when `amp`; the requested layout; DP at 2..max_devices devices
     per node; int8/bf16 compression; batch/accumulation trades; FSDP when `include_fsdp`; channel groups inside a
     node when `chag_supported`, in rank counts that divide the model's `band_groups` (when given). Per-layer
-    communication (FSDP) crosses nodes only while `bandwidth_ratio` is below PER_LAYER_CROSS_NODE_MAX_RATIO (DESIGN §3
-    mapping).
+    communication (FSDP) crosses nodes only when `per_layer_across_nodes` (the topology's bandwidth ratio below its
+    `max_cross_node_ratio`, DESIGN §3 mapping).
     """
     requested.validate()
     micro_batches = requested.dp * requested.accumulate  # micro-batches of `batch_size` per optimiser step
@@ -77,7 +74,7 @@ def candidate_plans(
                 accumulate=accumulate,
             )
             layouts = [base] + [base.with_(compression=c) for c in ("int8", "bf16")]
-            if include_fsdp and (nodes == 1 or bandwidth_ratio < PER_LAYER_CROSS_NODE_MAX_RATIO):
+            if include_fsdp and (nodes == 1 or per_layer_across_nodes):
                 layouts.append(base.with_(fsdp=True))
             if chag_supported:  # chag ranks share a batch, so each optimiser step needs chag× the accumulation
                 layouts += [

@@ -11,7 +11,6 @@ Everything arrives as a Plan and plain callables; the Config is read by `hslite.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -133,13 +132,13 @@ def run_preflight(
         return pred
 
     priced_request: dict[str, Any] = {}  # the requested plan's probe and link, for P*
-    bandwidth_ratio = topology.bandwidth_ratio if topology is not None else math.inf
+    across_nodes = topology is not None and topology.per_layer_across_nodes
     predictions = _price_candidates(
         requested,
         price,
         max_devices or requested.devices,
         chag_supported,
-        bandwidth_ratio,
+        across_nodes,
         amp=amp,
         band_groups=band_groups,
     )
@@ -182,8 +181,8 @@ def price_absent_devices(
             plan, footprints[plan.precision], topology.link_for(plan), topology.device_memory_bytes, chag_link=chag_link
         )
 
-    predictions = _price_candidates(requested, price, topology.gpus_per_node, chag_supported, topology.bandwidth_ratio,
-                                    band_groups=band_groups)  # fmt: skip
+    predictions = _price_candidates(requested, price, topology.gpus_per_node, chag_supported,
+                                    topology.per_layer_across_nodes, band_groups=band_groups)  # fmt: skip
     return decide_without_compute(requested, predictions, why_unmeasured)
 
 
@@ -240,7 +239,7 @@ def _price_candidates(
     price: Callable[[Plan], Any],
     max_devices: int,
     chag_supported: bool,
-    bandwidth_ratio: float,
+    per_layer_across_nodes: bool,
     amp: bool = True,
     band_groups: int = 0,
 ) -> dict[Plan, Any]:
@@ -252,7 +251,7 @@ def _price_candidates(
         chag_supported=chag_supported,
         band_groups=band_groups,
         include_fsdp=not requested_prediction.fits_memory or requested.fsdp,
-        bandwidth_ratio=bandwidth_ratio,
+        per_layer_across_nodes=per_layer_across_nodes,
         amp=amp,
     )
     predictions = {plan: price(plan) for plan in plans if plan != requested}

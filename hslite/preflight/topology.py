@@ -1,13 +1,17 @@
 """Machine profiles for devices and nodes that are not visible here: links, device memory, a source per figure.
 
-Multi-node and absent-GPU plans are priced from these, never launched. Profiles are YAML files in `topologies/`,
-read with `yaml.safe_load`.
+Multi-node and absent-GPU plans are priced from these, never launched. Profiles are YAML files, read with
+`yaml.safe_load`: bundled ones in `topologies/` by name, or a team's own by path (`hslite topology measure` writes
+one from this box's measured links; the seeds' "calibrate with your own links").
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
 
 from hslite.errors import ConfigError
 from hslite.parallel.plan import Plan
@@ -16,7 +20,7 @@ from hslite.preflight.measurements import LinkModel
 
 # R = B_intra / B_inter below which a flat layout is kept: per-layer collectives (channel groups, FSDP) may span
 # nodes, since splitting them into intra- and inter-node phases gains little. From here up they stay inside a node
-# and only data parallelism crosses (DESIGN §3: "start at 4, calibrate").
+# and only data parallelism crosses (DESIGN §3: "start at 4, calibrate"): a profile's `max_cross_node_ratio`.
 PER_LAYER_CROSS_NODE_MAX_RATIO = 4.0
 
 
@@ -34,6 +38,8 @@ class Topology:
     device_memory_gib: float
     source: dict[str, str]  # one citation per figure
     overlap: float = 0.0  # DDP overlap assumed for these links; 0 is the no-overlap bound
+    # R from which per-layer communication stays inside a node: the seeds' 4, or this cluster's calibrated figure
+    max_cross_node_ratio: float = PER_LAYER_CROSS_NODE_MAX_RATIO
 
     @property
     def device_memory_bytes(self) -> int:
@@ -46,6 +52,11 @@ class Topology:
         if self.inter_gbps is None:
             return math.inf
         return 1.0 if self.intra_gbps is None else self.intra_gbps / self.inter_gbps
+
+    @property
+    def per_layer_across_nodes(self) -> bool:
+        """Whether per-layer collectives (channel groups, FSDP) may span nodes: R below `max_cross_node_ratio`."""
+        return self.bandwidth_ratio < self.max_cross_node_ratio
 
     def _link(self, gbps: float | None, latency_us: float | None, where: str) -> LinkModel:
         if gbps is None or latency_us is None:
@@ -80,12 +91,12 @@ class Topology:
     def mapping_notes(self, plan: Plan) -> list[str]:
         """Warnings when per-layer communication crosses nodes although the inter-node link is much slower."""
         crosses = (plan.chag_enabled and plan.chag > plan.devices) or (plan.fsdp and plan.num_nodes > 1)
-        if not crosses or self.bandwidth_ratio < PER_LAYER_CROSS_NODE_MAX_RATIO:
+        if not crosses or self.per_layer_across_nodes:
             return []
         return [
             f"per-layer communication ({'channel groups' if plan.chag > plan.devices else 'FSDP'}) crosses nodes on "
-            f"a link {self.bandwidth_ratio:.1f}× slower than inside a node (threshold "
-            f"{PER_LAYER_CROSS_NODE_MAX_RATIO:g}): keep it inside a node and use data parallelism across nodes"
+            f"a link {self.bandwidth_ratio:.1f}× slower than inside a node (threshold {self.max_cross_node_ratio:g}, "
+            "the profile's max_cross_node_ratio): keep it inside a node and use data parallelism across nodes"
         ]
 
 
@@ -95,14 +106,30 @@ def list_topologies() -> list[str]:
 
 
 def load_topology(name: str) -> Topology:
-    """Read one bundled profile (yaml.safe_load); an unknown name raises ConfigError listing the known ones."""
-    data = read_bundled("topologies", name, "topology")
+    """A bundled profile by name, or a profile file by path (`*.yaml`/`*.yml`), read with yaml.safe_load.
+
+    An unknown name raises ConfigError listing the known ones; a file that does not exist, is not a mapping or
+    lacks a figure's source says so.
+    """
+    if name.endswith((".yaml", ".yml")):
+        path = Path(name).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"topology file {str(path)!r} does not exist; `hslite topology measure --output "
+                              f"{name}` writes one from this box's links, or name a bundled profile "
+                              f"({', '.join(list_topologies())}).")  # fmt: skip
+        return _topology(path.stem, yaml.safe_load(path.read_text()), f"topology file {path}")
+    return _topology(name, read_bundled("topologies", name, "topology"), f"topology file {name}.yaml")
+
+
+def _topology(name: str, data: object, where: str) -> Topology:
     figures = ("intra_gbps", "inter_gbps", "intra_latency_us", "inter_latency_us", "device_memory_gib")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must be a mapping of {', '.join(figures)} and their sources; got {data!r}.")
     try:
         topology = Topology(name=name, **data)
     except TypeError as err:
-        raise ConfigError(f"topology file {name}.yaml is malformed ({err}); expected keys {figures}.") from err
+        raise ConfigError(f"{where} is malformed ({err}); expected keys {figures}.") from err
     uncited = [f for f in figures if getattr(topology, f) is not None and f not in topology.source]
     if uncited:
-        raise ConfigError(f"topology {name}.yaml gives {', '.join(uncited)} without a source; cite each figure.")
+        raise ConfigError(f"{where} gives {', '.join(uncited)} without a source; cite each figure.")
     return topology

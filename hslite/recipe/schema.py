@@ -125,7 +125,8 @@ class PreflightConfig:
     enabled: bool = True  # run the check in `hslite fit`; single-device runs skip the link measurement
     enforce: bool = True  # refuse (exit 3) a NO-GO plan; false means warn and run anyway
     min_efficiency: float = ranged(0.5, Interval(0, 1, lo_open=True))  # GO needs ECD(N)/ECD(1) ≥ this (0.5: r ≤ 1)
-    topology: str | None = None  # topology profile to price devices that are not visible; None means measure
+    # topology profile to price devices that are not visible: a bundled name or a .yaml path; None means measure
+    topology: str | None = None
     # GPU profile (`hslite/preflight/devices/`) whose roofline prices the compute of GPUs that are not here, so that a
     # box you are about to buy gets a GO/NO-GO and not only links and memory; None means undecided there. GPUs that
     # are here are measured instead.
