@@ -308,3 +308,31 @@ def test_p_star_per_link_is_reported_beside_the_verdict(capsys):
             or (row["pays"] == "below" and report["model_params"] <= row["p_star"]))  # fmt: skip
     print_verdict(verdict)
     assert "P* per link" in capsys.readouterr().out
+
+
+def test_channel_group_plans_are_priced_against_plain_dp_at_the_same_global_batch():
+    def grouped(plan: Plan) -> ProbeResult:  # most of the compute and activations in the per-group work
+        return synthetic_probe(plan, chag_fraction=0.8, tokenizer_activation_fraction=0.8,
+                               group_token_bytes_per_sample=4 * 64 * 4, band_group_sizes=[50] * 4)  # fmt: skip
+
+    requested = Plan(devices=4, accelerator="gpu", batch_size=64, chag=2)
+    verdict = run_preflight(requested, grouped, topology=load_topology("nvlink_8"), chag_supported=True, band_groups=4,
+                            amp=False)  # fmt: skip
+    rows = {row["plan"]: row for row in verdict.rows}
+    row = rows[requested.describe()]
+    base = Plan(devices=4, accelerator="gpu", batch_size=32)  # the pair's 64 shared samples, split over 4 DP ranks
+    assert row["plain_dp"] == base.describe() and base.global_batch == requested.global_batch
+    ours, theirs = verdict.predictions[requested], verdict.predictions[base]
+    assert row["benefit_ratio"] == pytest.approx((theirs.comm_seconds - ours.comm_seconds) / ours.compute_seconds)
+    assert row["step_gain"] == pytest.approx(1 - ours.step_seconds / theirs.step_seconds)
+    assert row["clears_chag_rule"] == (row["step_gain"] > 0.05)
+    assert any("the seed's 5% rule" in reason for reason in verdict.reasons)
+    assert all(r["benefit_ratio"] is None for r in verdict.rows if "chag" not in r["plan"])
+
+
+def test_a_plan_that_does_not_fit_is_offered_accumulation_down_to_one_sample():
+    requested = Plan(devices=2, accelerator="gpu", batch_size=64)
+    assert min(p.batch_size for p in candidate_plans(requested, 2)) == 16  # a quarter, when it fits
+    deep = candidate_plans(requested, 2, down_to_one=True)
+    assert {p.batch_size for p in deep if p.world_size == 2} == {64, 32, 16, 8, 4, 2, 1}
+    assert all(p.global_batch == requested.global_batch for p in deep)

@@ -8,10 +8,17 @@ AMP_PRECISION = "bf16-mixed"  # the AMP a single device is also priced with; fp1
 BATCH_SCALES = (4, 2, 1, 1 / 2, 1 / 4)  # per-device batch × scale, accumulation ÷ scale: same global batch
 
 
-def _same_global_batch(plan: Plan) -> list[Plan]:
-    """The plan with larger or smaller micro-batches and accumulation adjusted to keep its global batch."""
+def _same_global_batch(plan: Plan, down_to_one: bool = False) -> list[Plan]:
+    """The plan with larger or smaller micro-batches and accumulation adjusted to keep its global batch.
+
+    `down_to_one` halves the micro-batch on, to 1: where the requested plan does not fit, the accumulation that
+    makes it fit is priced before channel groups or FSDP are said to be needed.
+    """
     out = []
-    for scale in BATCH_SCALES:
+    scales = list(BATCH_SCALES)
+    while down_to_one and plan.batch_size * scales[-1] > 1:
+        scales.append(scales[-1] / 2)
+    for scale in scales:
         batch, accumulate = plan.batch_size * scale, plan.accumulate / scale
         if batch >= 1 and accumulate >= 1 and batch == int(batch) and accumulate == int(accumulate):
             out.append(plan.with_(batch_size=int(batch), accumulate=int(accumulate)))
@@ -39,6 +46,7 @@ def candidate_plans(
     include_fsdp: bool = False,
     per_layer_across_nodes: bool = False,
     amp: bool = True,
+    down_to_one: bool = False,
 ) -> list[Plan]:
     """Every layout worth pricing against `requested`, all at its global batch (where the sizes divide).
 
@@ -46,14 +54,15 @@ def candidate_plans(
     per node; int8/bf16 compression; batch/accumulation trades; FSDP when `include_fsdp`; channel groups inside a
     node when `chag_supported`, in rank counts that divide the model's `band_groups` (when given). Per-layer
     communication (FSDP) crosses nodes only when `per_layer_across_nodes` (the topology's bandwidth ratio below its
-    `max_cross_node_ratio`, DESIGN §3 mapping).
+    `max_cross_node_ratio`, DESIGN §3 mapping). `down_to_one` trades micro-batch for accumulation down to 1 sample
+    (when the requested plan does not fit).
     """
     requested.validate()
     micro_batches = requested.dp * requested.accumulate  # micro-batches of `batch_size` per optimiser step
     plans: list[Plan] = [requested]
     precisions = ("32-true", AMP_PRECISION, requested.precision) if amp else (requested.precision,)
     for precision in dict.fromkeys(precisions):
-        plans += _same_global_batch(_one_device(requested).with_(precision=precision))
+        plans += _same_global_batch(_one_device(requested).with_(precision=precision), down_to_one)
     for nodes in dict.fromkeys((1, requested.num_nodes)):
         for devices in range(1, max_devices + 1):
             world = devices * nodes
@@ -83,5 +92,5 @@ def candidate_plans(
                     if devices % c == 0 and not (band_groups and band_groups % c)
                 ]
             for layout in layouts:
-                plans += _same_global_batch(layout)
+                plans += _same_global_batch(layout, down_to_one)
     return list(dict.fromkeys(plans))

@@ -253,6 +253,7 @@ def _price_candidates(
         include_fsdp=not requested_prediction.fits_memory or requested.fsdp,
         per_layer_across_nodes=per_layer_across_nodes,
         amp=amp,
+        down_to_one=not requested_prediction.fits_memory,
     )
     predictions = {plan: price(plan) for plan in plans if plan != requested}
     predictions[requested] = requested_prediction
