@@ -336,3 +336,13 @@ def test_a_plan_that_does_not_fit_is_offered_accumulation_down_to_one_sample():
     deep = candidate_plans(requested, 2, down_to_one=True)
     assert {p.batch_size for p in deep if p.world_size == 2} == {64, 32, 16, 8, 4, 2, 1}
     assert all(p.global_batch == requested.global_batch for p in deep)
+
+
+def test_p_star_of_a_one_device_request_is_on_this_boxs_link_for_two():
+    link = LinkModel(1e-4, 10e9)
+    verdict = run_preflight(Plan(accelerator="gpu", batch_size=64), synthetic_probe, lambda plan: link, 80 * 2**30, 0.5,
+                            max_devices=2)  # fmt: skip
+    report = verdict.critical_params
+    first = report["links"][0]
+    assert first["link"] == "this box (2 ranks, measured)" and first["alpha_seconds"] == link.alpha_seconds
+    assert report["world_size"] == 2 and report["batch_size"] == 32  # the global batch of 64 over 2 ranks

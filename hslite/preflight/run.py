@@ -128,10 +128,12 @@ def run_preflight(
         )
         pred.notes += topology.mapping_notes(plan) if topology is not None else []
         if plan == requested:
-            priced_request.update(probe=probes[probe_key], link=links[link_key])
+            priced_request.update(probe=probes[probe_key])
+        plan_links[plan] = links[link_key]
         return pred
 
-    priced_request: dict[str, Any] = {}  # the requested plan's probe and link, for P*
+    priced_request: dict[str, Any] = {}  # the requested plan's probe, for P*
+    plan_links: dict[Plan, LinkModel] = {}  # each priced plan's data-parallel link, for P*
     across_nodes = topology is not None and topology.per_layer_across_nodes
     predictions = _price_candidates(
         requested,
@@ -143,16 +145,34 @@ def run_preflight(
         band_groups=band_groups,
     )
     verdict = decide(requested, predictions, min_efficiency)
-    world = max(requested.world_size, 2)  # P* of a one-device request: at the smallest DP it could grow to
-    p_star_links = {name: (link, 1.0) for name, link in bundled_links(world).items()}
-    if requested.world_size > 1:
-        here = f"topology {topology.name}" if topology is not None else "measured on this box"
-        requested_link = (priced_request["link"], predictions[requested].oversubscription)
-        p_star_links = {f"{here}, as requested": requested_link, **p_star_links}
-    verdict.critical_params = critical_params_report(
-        priced_request["probe"], requested.batch_size, world, p_star_links, min_efficiency
-    )
+    verdict.critical_params = _critical_params(requested, predictions, plan_links, priced_request["probe"],
+                                               topology, min_efficiency)  # fmt: skip
     return verdict
+
+
+def _critical_params(
+    requested: Plan,
+    predictions: dict[Plan, Prediction],
+    plan_links: dict[Plan, LinkModel],
+    probe: ProbeResult,
+    topology: Topology | None,
+    min_efficiency: float,
+) -> dict[str, Any]:
+    """P* on the link the requested DP uses and on each bundled topology's, at the same rank count.
+
+    For a one-device request, the link of plain DP over 2 of this box's devices, when that plan was priced.
+    """
+    world = max(requested.world_size, 2)
+    plain = [p for p in predictions if p.world_size == p.dp == world and p.num_nodes == requested.num_nodes
+             and not (p.fsdp or p.compression_enabled)]  # fmt: skip
+    dp_plan = requested if requested.world_size > 1 else next(iter(plain), None)
+    p_star_links = {name: (link, 1.0) for name, link in bundled_links(world).items()}
+    if dp_plan is not None:
+        here = f"topology {topology.name}" if topology is not None else f"this box ({world} ranks, measured)"
+        mine = (plan_links[dp_plan], predictions[dp_plan].oversubscription)
+        p_star_links = {here + (", as requested" if dp_plan == requested else ""): mine, **p_star_links}
+    batch = dp_plan.batch_size if dp_plan is not None else requested.batch_size
+    return critical_params_report(probe, batch, world, p_star_links, min_efficiency)
 
 
 def price_absent_devices(
