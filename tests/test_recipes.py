@@ -155,3 +155,20 @@ def test_wheel_holds_every_module_and_finds_recipes_by_name(tmp_path):
     assert Path(where).is_relative_to(target)  # the wheel's copy, not the editable checkout
     assert set(names.split()) == {p.stem for p in (REPO / "recipes").glob("*.yaml")}
     assert loaded == "salinas_a_1gpu"
+
+
+def test_recipes_of_one_training_agree_on_its_global_batch():
+    """Recipes that train one model on one input differ only in layout: the same global batch, so the same lr fits.
+
+    hslite keeps the global batch when it compares or picks plans (`compare`, `parallel.plan=auto`) instead of
+    rescaling the learning rate, so the shipped alternatives of one training keep it too (seed 002 §4.3).
+    """
+    from hslite.recipe.build import plan_from_config
+
+    trainings: dict[tuple, dict[str, tuple[int, float]]] = {}
+    for name in list_recipes():
+        cfg = load_config(name)
+        key = (cfg.data.scene, cfg.model.name, cfg.model.size, cfg.data.patch_size, cfg.data.pca_components)
+        trainings.setdefault(key, {})[name] = (plan_from_config(cfg).global_batch, cfg.train.lr)
+    for recipes in trainings.values():
+        assert len(set(recipes.values())) == 1, f"one training, several global batches or rates: {recipes}"
