@@ -10,29 +10,16 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from hslite.parallel.group_owners import rank_groups
-from hslite.preflight.formulas import (
-    allgather_seconds,
-    allreduce_seconds,
-    alltoall_seconds,
-    reduce_scatter_seconds,
-    wire_bytes,
-)
-from hslite.preflight.regime import plan_regime
+from hslite.preflight.comm_cost import chag_token_bytes, comm_regime, comm_seconds
 
 if TYPE_CHECKING:
     from hslite.parallel.plan import Plan
     from hslite.preflight.measurements import Footprint, LinkModel, ProbeResult
 
-# torch DDP's default bucket_cap_mb=25: the last bucket to fill is reduced after backward, so it never overlaps.
-DDP_BUCKET_CAP_BYTES = 25 * 2**20
-# Compressions whose DDP hook runs its collectives inside the hook and returns a completed future (compression.py's
-# int8 hook: a second collective waited on in a `.then` callback deadlocks over gloo). Backward resumes only once a
-# bucket's exchange is done, so none of it hides under backward (DESIGN §3, DDP overlap).
-SYNCHRONOUS_HOOKS = frozenset({"int8"})
 # Quantise + dequantise (with error feedback) cost per fp32 gradient byte when the probe did not measure it.
 # cpu: measured 2.5-3.8e-9 with one thread on an 8 MB buffer (2-core AVX2 CPU, torch 2.13, probe's
 # measure_compression). gpu: estimate, ~8 passes over the buffer at ~2 TB/s of HBM; measure it when it matters.
@@ -157,7 +144,7 @@ def predict(
     compute_seconds, backward_seconds = (oversubscription * s for s in _compute_seconds(plan, probe, plan.chag, shards))
     exposed_seconds = comm_seconds(plan, probe, link, chag_link, backward_seconds, ring_factor_exact, notes)
     exposed_seconds += _quantise_seconds(plan, probe, notes)
-    regime = _regime(plan, probe, link, chag_link, ring_factor_exact, exposed_seconds, compute_seconds)
+    regime = comm_regime(plan, probe, link, chag_link, ring_factor_exact, exposed_seconds, compute_seconds)
     _unpriced_notes(plan, probe, notes)
     alone_loop_seconds = loop_seconds if alone_loop_seconds is None else alone_loop_seconds
     # Non-final micro-steps run under no_sync: no collective, no optimiser step, so each rank pays only its own loop.
@@ -187,25 +174,6 @@ def predict(
         cpu_cores=cores,
         notes=notes,
     )
-
-
-def _regime(
-    plan: Plan,
-    probe: ProbeResult,
-    link: LinkModel,
-    chag_link: LinkModel | None,
-    exact: bool,
-    exposed_seconds: float,
-    compute_seconds: float,
-) -> str:
-    # The plan's communication split into what its messages' latency costs and what its bytes cost (none hidden).
-    def latency_only(model: LinkModel | None) -> LinkModel | None:
-        return None if model is None else replace(model, bandwidth_bytes_per_second=math.inf)
-
-    latency = comm_seconds(plan, probe, replace(link, bandwidth_bytes_per_second=math.inf), latency_only(chag_link),
-                           0.0, exact, [])  # fmt: skip
-    wire = comm_seconds(plan, probe, link, chag_link, 0.0, exact, []) - latency
-    return plan_regime(exposed_seconds, latency, wire, compute_seconds)
 
 
 def _extrapolation_notes(plan: Plan, probe: ProbeResult) -> list[str]:
@@ -260,60 +228,3 @@ def _alone_samples_per_second(plan: Plan, probe: ProbeResult, alone_loop_seconds
 def memory_budget_bytes(plan: Plan, device_memory_bytes: int) -> int:
     """What one rank may use: CPU ranks share the host's memory; a GPU rank has its device to itself."""
     return device_memory_bytes // plan.devices if plan.accelerator == "cpu" else device_memory_bytes
-
-
-def comm_seconds(
-    plan: Plan,
-    sizes: Footprint,
-    link: LinkModel,
-    chag_link: LinkModel | None,
-    backward_seconds: float,
-    exact: bool,
-    notes: list[str],
-) -> float:
-    """Communication per optimiser step not hidden under `backward_seconds` (0 gives the no-overlap bound)."""
-    exposed_seconds = 0.0
-    if plan.dp > 1 and plan.fsdp:  # all-gather params in forward and backward, reduce-scatter grads (§3)
-        # Every micro-step: FSDP2 frees the gathered units after use and reduce-scatters each backward's gradients
-        # (Lightning does not skip the gradient sync of FSDP2 between accumulated micro-batches).
-        per_micro_step = 2 * allgather_seconds(sizes.param_bytes, plan.dp, link, ring_factor_exact=exact)
-        per_micro_step += reduce_scatter_seconds(sizes.grad_bytes, plan.dp, link, ring_factor_exact=exact)
-        # Each unit gathers twice and reduce-scatters once on its own: the latency is paid per unit
-        per_micro_step += 3 * ((sizes.fsdp_units or 1) - 1) * (plan.dp - 1) * link.alpha_seconds
-        exposed_seconds = max(0.0, plan.accumulate * per_micro_step - link.overlap * backward_seconds)
-    elif plan.world_size > 1:  # DDP spans every rank: channel-group ranks hold shares of one gradient
-        seconds = allreduce_seconds(
-            wire_bytes(sizes.grad_bytes, plan.compression), plan.world_size, link, ring_factor_exact=exact
-        )
-        overlap = link.overlap * max(0.0, 1.0 - DDP_BUCKET_CAP_BYTES / max(sizes.grad_bytes, 1))
-        if plan.compression in SYNCHRONOUS_HOOKS:
-            overlap = 0.0
-            if link.overlap > 0:
-                notes.append(f"{plan.compression}'s hook exchanges each bucket before backward goes on: no overlap")
-        exposed_seconds = max(0.0, seconds - overlap * backward_seconds)
-        if plan.compression in ("bf16", "fp16"):
-            notes.append(f"{plan.compression} cast cost not priced")
-    if plan.chag_enabled:
-        exposed_seconds += _chag_seconds(plan, sizes, chag_link or link, exact, notes)
-    return exposed_seconds
-
-
-def chag_token_bytes(plan: Plan, probe: Footprint) -> int:
-    """Bytes one token exchange writes on a rank per micro-step: b/chag × G × L × D, × k/G under rotation.
-
-    Forward, its slice of the samples' tokens of every group; backward, its groups' gradient for all b samples:
-    the same size (channel_groups.py). 0 without chag.
-    """
-    if not plan.chag_enabled or probe.group_token_bytes_per_sample is None:
-        return 0
-    active = plan.rotation_groups / probe.band_groups if plan.rotation_enabled and probe.band_groups else 1.0
-    return round(probe.group_token_bytes_per_sample * plan.batch_size * active / plan.chag)
-
-
-def _chag_seconds(plan: Plan, probe: Footprint, link: LinkModel, exact: bool, notes: list[str]) -> float:
-    # The all-to-all of the group tokens forward and of their gradient backward, per micro-step.
-    if probe.group_token_bytes_per_sample is None:
-        notes.append("channel-group traffic not priced: the probe did not measure the group token size")
-        return 0.0
-    token_bytes = chag_token_bytes(plan, probe)
-    return plan.accumulate * 2 * alltoall_seconds(token_bytes, plan.chag, link, ring_factor_exact=exact)

@@ -15,9 +15,10 @@ from typing import Any
 
 from hslite.errors import ConfigError
 from hslite.parallel.plan import Plan
+from hslite.preflight.costmodel import Prediction
 from hslite.preflight.formulas import critical_params, ring_allreduce_terms
 from hslite.preflight.measurements import LinkModel, ProbeResult
-from hslite.preflight.topology import list_topologies, load_topology
+from hslite.preflight.topology import Topology, list_topologies, load_topology
 
 _SIDE = {"above": "models of P* and up", "below": "models up to P*", "always": "every size", "never": "no size"}
 
@@ -73,3 +74,28 @@ def critical_params_report(
         "c1_seconds_per_param_sample": c1,
         "links": rows,
     }
+
+
+def critical_params_of_verdict(
+    requested: Plan,
+    predictions: dict[Plan, Prediction],
+    plan_links: dict[Plan, LinkModel],
+    probe: ProbeResult,
+    topology: Topology | None,
+    min_efficiency: float,
+) -> dict[str, Any]:
+    """P* on the link the requested DP uses and on each bundled topology's, at the same rank count.
+
+    For a one-device request, the link of plain DP over 2 of this box's devices, when that plan was priced.
+    """
+    world = max(requested.world_size, 2)
+    plain = [p for p in predictions if p.world_size == p.dp == world and p.num_nodes == requested.num_nodes
+             and not (p.fsdp or p.compression_enabled)]  # fmt: skip
+    dp_plan = requested if requested.world_size > 1 else next(iter(plain), None)
+    p_star_links = {name: (link, 1.0) for name, link in bundled_links(world).items()}
+    if dp_plan is not None:
+        here = f"topology {topology.name}" if topology is not None else f"this box ({world} ranks, measured)"
+        mine = (plan_links[dp_plan], predictions[dp_plan].oversubscription)
+        p_star_links = {here + (", as requested" if dp_plan == requested else ""): mine, **p_star_links}
+    batch = dp_plan.batch_size if dp_plan is not None else requested.batch_size
+    return critical_params_report(probe, batch, world, p_star_links, min_efficiency)

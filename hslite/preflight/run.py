@@ -18,7 +18,7 @@ from hslite.errors import ConfigError
 from hslite.parallel.plan import Plan
 from hslite.preflight.candidates import candidate_plans, largest_one_device_batch
 from hslite.preflight.costmodel import Prediction, predict
-from hslite.preflight.critical import bundled_links, critical_params_report
+from hslite.preflight.critical import critical_params_of_verdict
 from hslite.preflight.device_profile import DeviceProfile
 from hslite.preflight.measurements import Footprint, LinkModel, ProbeResult, StepCounts
 from hslite.preflight.roofline import profile_probe, profile_reasons, roofline_summary
@@ -145,34 +145,9 @@ def run_preflight(
         band_groups=band_groups,
     )
     verdict = decide(requested, predictions, min_efficiency)
-    verdict.critical_params = _critical_params(requested, predictions, plan_links, priced_request["probe"],
-                                               topology, min_efficiency)  # fmt: skip
+    verdict.critical_params = critical_params_of_verdict(requested, predictions, plan_links, priced_request["probe"],
+                                                         topology, min_efficiency)  # fmt: skip
     return verdict
-
-
-def _critical_params(
-    requested: Plan,
-    predictions: dict[Plan, Prediction],
-    plan_links: dict[Plan, LinkModel],
-    probe: ProbeResult,
-    topology: Topology | None,
-    min_efficiency: float,
-) -> dict[str, Any]:
-    """P* on the link the requested DP uses and on each bundled topology's, at the same rank count.
-
-    For a one-device request, the link of plain DP over 2 of this box's devices, when that plan was priced.
-    """
-    world = max(requested.world_size, 2)
-    plain = [p for p in predictions if p.world_size == p.dp == world and p.num_nodes == requested.num_nodes
-             and not (p.fsdp or p.compression_enabled)]  # fmt: skip
-    dp_plan = requested if requested.world_size > 1 else next(iter(plain), None)
-    p_star_links = {name: (link, 1.0) for name, link in bundled_links(world).items()}
-    if dp_plan is not None:
-        here = f"topology {topology.name}" if topology is not None else f"this box ({world} ranks, measured)"
-        mine = (plan_links[dp_plan], predictions[dp_plan].oversubscription)
-        p_star_links = {here + (", as requested" if dp_plan == requested else ""): mine, **p_star_links}
-    batch = dp_plan.batch_size if dp_plan is not None else requested.batch_size
-    return critical_params_report(probe, batch, world, p_star_links, min_efficiency)
 
 
 def price_absent_devices(

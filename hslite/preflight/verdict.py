@@ -14,6 +14,7 @@ from rich.table import Table
 
 from hslite.errors import ConfigError, HSLiteError
 from hslite.parallel.plan import Plan
+from hslite.preflight.chag_benefit import CHAG_ADOPT_GAIN, against_plain_dp
 from hslite.preflight.costmodel import Prediction
 from hslite.preflight.regime import LEVERS
 
@@ -38,10 +39,6 @@ class PreflightUndecided(HSLiteError):
 def gib(n_bytes: float) -> str:
     """Bytes as GiB, or MiB below a tenth of one."""
     return f"{n_bytes / 2**30:.2f} GiB" if n_bytes >= 2**30 / 10 else f"{n_bytes / 2**20:.2f} MiB"
-
-
-# Seed 001 §8.1: adopt channel groups only when they cut the step time by more than this, at unchanged accuracy.
-CHAG_ADOPT_GAIN = 0.05
 
 
 @dataclass
@@ -172,7 +169,7 @@ def decide(requested: Plan, predictions: dict[Plan, Prediction], min_efficiency:
                 "ecd": pred.ecd,
                 "efficiency": efficiency[plan],
                 "regime": pred.regime,
-                **_against_plain_dp(plan, predictions),
+                **against_plain_dp(plan, predictions),
                 "per_device_peak_bytes": pred.per_device_peak_bytes,
                 "memory_budget_bytes": pred.memory_budget_bytes,
                 "fits": pred.fits_memory,
@@ -194,7 +191,7 @@ def decide(requested: Plan, predictions: dict[Plan, Prediction], min_efficiency:
             f"E = {efficiency[requested]:.2f} for processes sharing one CPU is implausible: the single-device probe "
             "was probably slowed by other load on this machine; re-measure (fresh) when it is idle"
         )
-    chag = _against_plain_dp(requested, predictions)
+    chag = against_plain_dp(requested, predictions)
     if chag["benefit_ratio"] is not None:
         verdict_word = "clears" if chag["clears_chag_rule"] else "misses"
         gain = chag["step_gain"]
@@ -224,33 +221,6 @@ def decide(requested: Plan, predictions: dict[Plan, Prediction], min_efficiency:
     return Verdict(
         go, requested, efficiency[requested], min_efficiency, reasons, best_single, best_passing, predictions, rows
     )
-
-
-def _against_plain_dp(plan: Plan, predictions: dict[Plan, Prediction]) -> dict[str, Any]:
-    """A channel-group plan against plain DP on its devices at its global batch (seed 001 §4.1 and §8.1).
-
-    R_agg = (T_comm of DP − T_comm of the groups) / T_comp of the groups: > 0 is a net communication gain. The seed
-    adopts grouping only when the step is more than CHAG_ADOPT_GAIN faster at unchanged accuracy (`hslite compare
-    measure=true` checks the accuracy). None for plans without channel groups or without that DP counterpart.
-    """
-    # DP over the same devices at the same global batch: the chag ranks' shared micro-batch split among them, or
-    # their accumulated micro-batches
-    counterparts = []
-    if plan.chag_enabled and plan.batch_size % plan.chag == 0:
-        counterparts.append(plan.with_(chag=1, batch_size=plan.batch_size // plan.chag))
-    if plan.chag_enabled and plan.accumulate % plan.chag == 0:
-        counterparts.append(plan.with_(chag=1, accumulate=plan.accumulate // plan.chag))
-    base = next((p for p in counterparts if p in predictions), None)
-    if base is None:
-        return {"benefit_ratio": None, "step_gain": None, "clears_chag_rule": None, "plain_dp": None}
-    ours, theirs = predictions[plan], predictions[base]
-    gain = 1 - ours.step_seconds / theirs.step_seconds
-    return {
-        "plain_dp": base.describe(),
-        "benefit_ratio": (theirs.comm_seconds - ours.comm_seconds) / ours.compute_seconds,
-        "step_gain": gain,
-        "clears_chag_rule": gain > CHAG_ADOPT_GAIN,
-    }
 
 
 def _reference(predictions: dict[Plan, Prediction], singles: dict[Plan, Prediction]) -> Plan:

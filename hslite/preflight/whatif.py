@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from hslite.preflight.costmodel import chag_token_bytes, comm_seconds, memory_breakdown_bytes, memory_budget_bytes
+from hslite.preflight.comm_cost import chag_token_bytes, comm_seconds
+from hslite.preflight.costmodel import memory_breakdown_bytes, memory_budget_bytes
 from hslite.preflight.formulas import wire_bytes
 from hslite.preflight.verdict import Verdict, gib
 
