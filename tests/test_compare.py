@@ -291,3 +291,14 @@ def test_measured_comparison_of_one_and_two_processes(tmp_path, monkeypatch, cap
     cfg = load_config("quickstart", [*QUICK, "parallel.devices=2", "data.batch_size=32"])  # the dp2 row's model
     params = sum(p.numel() for p in build_model(cfg, prepared_datamodule(cfg)).parameters())
     assert two["comm_bytes_source"] == "computed" and two["comm_bytes_per_step"] == wire_bytes(params, 2, "none")
+
+
+def test_a_verdicts_reference_is_found_among_every_layout_the_preflight_prices():
+    from hslite.compare.measure import _best_single_plan
+    from hslite.parallel.plan import Plan
+
+    requested = Plan(devices=8, accelerator="gpu", batch_size=64)
+    # where no single device fits, the reference may be the fewest devices at a micro-batch of one (down_to_one)
+    reference = Plan(devices=2, accelerator="gpu", batch_size=1, accumulate=256, fsdp=True)
+    report = {"requested_plan": requested.to_dict(), "best_single": reference.describe()}
+    assert _best_single_plan(report) == reference

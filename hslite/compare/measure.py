@@ -175,7 +175,7 @@ def _best_single_plan(report: dict[str, Any]) -> Plan:
     """
     requested = Plan(**report["requested_plan"])
     # the fewest devices that hold the model may be more than were requested: every count the pre-flight prices
-    candidates = candidate_plans(requested, max_devices=16, chag_supported=True, include_fsdp=True)
+    candidates = candidate_plans(requested, max_devices=16, chag_supported=True, include_fsdp=True, down_to_one=True)
     return next(plan for plan in candidates if plan.describe() == report["best_single"])
 
 

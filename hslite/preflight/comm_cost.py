@@ -100,10 +100,9 @@ def comm_regime(
 ) -> str:
     """The plan's regime (`regime.plan_regime`) from its communication split into latency and bytes (none hidden)."""
 
-    def latency_only(model: LinkModel | None) -> LinkModel | None:
-        return None if model is None else replace(model, bandwidth_bytes_per_second=math.inf)
+    def latency_only(model: LinkModel) -> LinkModel:
+        return replace(model, bandwidth_bytes_per_second=math.inf)
 
-    latency = comm_seconds(plan, probe, replace(link, bandwidth_bytes_per_second=math.inf), latency_only(chag_link),
-                           0.0, exact, [])  # fmt: skip
+    latency = comm_seconds(plan, probe, latency_only(link), chag_link and latency_only(chag_link), 0.0, exact, [])
     wire = comm_seconds(plan, probe, link, chag_link, 0.0, exact, []) - latency
     return plan_regime(exposed_seconds, latency, wire, compute_seconds)

@@ -1,10 +1,11 @@
 """Counting a model's training step without allocating it, for what-if pricing of models larger than this box.
 
 torch's fake tensors (`FakeTensorMode`) carry shape, dtype, device and storage identity but no data: a model built,
-stepped and counted inside the mode costs seconds and next to no memory whatever its size (a ViT-L channel ViT: 7 s
-and 0.4 GB, where its real CPU step took minutes and 22 GB). The counts are the real tensors' exactly: FLOPs,
-dispatched kernels and saved-for-backward bytes agree on every shipped model (tests/test_whatif.py). Fake tensors
-report their device (the CPU here), so CPU autocast applies to them as it does to real ones.
+stepped and counted inside the mode costs no memory for its tensors and a time set by its op count, not its size.
+The counts are the real tensors': FLOPs, dispatched kernels and sizes agree exactly on every shipped model, bar
+bf16 saved activations of transformers, a few per mille short (torch's meta layer_norm keeps its mean and rstd in
+the input dtype; tests/test_whatif.py). Fake tensors report their device (the CPU here), so CPU autocast applies to
+them as it does to real ones.
 """
 
 from __future__ import annotations
