@@ -27,7 +27,7 @@ def prediction(plan: Plan, step_seconds: float, fits: bool = True) -> Prediction
     return Prediction(
         step_seconds=step_seconds, compute_seconds=step_seconds, loop_seconds=0.0, comm_seconds=0.0,
         samples_per_second=samples, ecd=samples / plan.world_size, per_device_peak_bytes=3 * 2**20, fits_memory=fits,
-        speedup=1.0, chag_bytes_per_step=0, r=0.0, memory_budget_bytes=2**30,
+        speedup=1.0, chag_bytes_per_step=0, grad_bytes_per_step=0.0, r=0.0, memory_budget_bytes=2**30,
     )  # fmt: skip
 
 

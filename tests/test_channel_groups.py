@@ -24,12 +24,14 @@ from torch.nn.parallel import DistributedDataParallel
 from hslite.errors import ConfigError
 from hslite.models import get_model
 from hslite.parallel.channel_groups import ChannelGroups, check_divides
+from hslite.parallel.group_gradients import GroupGradients
 from hslite.parallel.rotation import RotationSchedule
 from hslite.preflight.activations import SavedTensorCounter
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
 
 BATCH, BANDS, PATCH, CLASSES, GROUPS = 8, 32, 5, 5, 4
+COUNTS = ("bytes received", "group gradient bytes sent", "owned group elements")  # what a worker counted
 WAVELENGTHS_NM = np.linspace(400.0, 2500.0, BANDS)
 
 
@@ -59,7 +61,7 @@ def _start(rank: int, world: int, init_file: str, chag: int, model: nn.Module):
     torch.set_num_threads(1)
     mesh = init_device_mesh("cpu", (world // chag, chag), mesh_dim_names=("dp", "chag"))
     sizes = [stop - start for start, stop in model.band_groups]
-    return ChannelGroups(sizes, chag, rank % chag, mesh.get_group("chag"))
+    return ChannelGroups(sizes, chag, rank % chag, mesh.get_group("chag")), mesh
 
 
 def _exactness_worker(rank: int, world: int, chag: int, batch: int, rotation: int, init_file: str, out: str) -> None:
@@ -69,7 +71,7 @@ def _exactness_worker(rank: int, world: int, chag: int, batch: int, rotation: in
         "channel_vit", in_bands=BANDS, num_classes=CLASSES, patch_size=PATCH, num_groups=GROUPS,
         wavelengths_nm=WAVELENGTHS_NM,
     )  # fmt: skip
-    groups = _start(rank, world, init_file, chag, model)
+    groups, mesh = _start(rank, world, init_file, chag, model)
     # Under rotation, the first step's groups: ranks encode as many of their own (rotation.py), one process those.
     active = RotationSchedule(model.band_groups, rotation, seed=3, chag=chag).active_groups(0) if rotation else None
     reference = copy.deepcopy(model)
@@ -82,14 +84,20 @@ def _exactness_worker(rank: int, world: int, chag: int, batch: int, rotation: in
     dp, dp_rank = world // chag, rank // chag
     shards = [slice(d * batch // dp, (d + 1) * batch // dp) for d in range(dp)]
     shard = shards[dp_rank]
-    ddp = DistributedDataParallel(_ChannelGroupForward(model, groups, active), find_unused_parameters=True)
+    forward = _ChannelGroupForward(model, groups, active)
+    # The groups' own gradients are summed over their owners (group_gradients.py), as the strategy does.
+    gradients = GroupGradients(model, groups.owners, rank % chag, mesh.get_group("dp"), mesh.get_group("chag"), world)
+    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(forward, gradients.ignored_names(forward))
+    ddp = DistributedDataParallel(forward, find_unused_parameters=True)
+    others = {id(p) for p in gradients.parameters} - {id(p) for p in gradients.owned}
     errors: dict[str, float] = {}
 
     def reference_loss() -> torch.Tensor:  # plain DDP over the dp shards: the mean of the shards' losses
         return torch.stack([loss_fn(reference(x[s], active), y[s]) for s in shards]).mean()
 
-    def loss() -> torch.Tensor:
-        return groups.loss_share(loss_fn, ddp(x[shard]), y[shard])
+    def backward() -> None:
+        groups.loss_share(loss_fn, ddp(x[shard]), y[shard]).backward()
+        gradients.reduce()
 
     reference_logits = reference(x, active)
     expected_loss = reference_loss()
@@ -97,12 +105,15 @@ def _exactness_worker(rank: int, world: int, chag: int, batch: int, rotation: in
     logits = ddp(x[shard])
     share = groups.loss_share(loss_fn, logits, y[shard])
     share.backward()
+    gradients.reduce()
     mean_loss = share.detach().clone()
     dist.all_reduce(mean_loss)  # DDP's mean of the shares: the dp shards' mean loss
     errors["logits"] = _relative_error(logits.detach(), groups.own_samples(reference_logits.detach()[shard]))
     errors["loss"] = _relative_error(mean_loss / world, expected_loss.detach())
     for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
-        if q.grad is None:  # a group rotation left out: no gradient on any rank either
+        if id(p) in others:  # another rank's group: no gradient here, not even zeros (its owner's file checks it)
+            errors[f"gradient of another rank's group {name}"] = 0.0 if p.grad is None else float("inf")
+        elif q.grad is None:  # a group rotation left out: no gradient on any rank either
             errors[f"grad {name}"] = 0.0 if p.grad is None or not p.grad.any() else float("inf")
         else:
             errors[f"grad {name}"] = _relative_error(p.grad, q.grad)
@@ -114,15 +125,20 @@ def _exactness_worker(rank: int, world: int, chag: int, batch: int, rotation: in
         for optimiser in optimisers:
             optimiser.step()
             optimiser.zero_grad()
-        loss().backward()
+        backward()
         reference_loss().backward()
     for optimiser in optimisers:
         optimiser.step()
+    gradients.sync_replicas(optimisers[:1])  # every group's parameters and momentum from its owner
     for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
         errors[f"trained {name}"] = _relative_error(p.detach(), q.detach())
+        momentum = optimisers[1].state[q].get("momentum_buffer") if q in optimisers[1].state else None
+        if momentum is not None and any(p is g for g in gradients.parameters):  # the state sync_replicas hands on
+            errors[f"momentum {name}"] = _relative_error(optimisers[0].state[p]["momentum_buffer"], momentum)
     errors["bytes received"] = groups.bytes_received
-    if rank == 0:
-        Path(out).write_text(json.dumps(errors))
+    errors["group gradient bytes sent"] = gradients.bytes_sent
+    errors["owned group elements"] = sum(p.numel() for p in gradients.owned)
+    Path(out.format(rank=rank)).write_text(json.dumps(errors))
     dist.destroy_process_group()
 
 
@@ -142,13 +158,21 @@ def _run(worker, world: int, *args) -> None:
     ],
 )
 def test_channel_groups_equal_one_process(tmp_path, world, chag, batch, rotation):
-    out = tmp_path / "errors.json"
+    out = tmp_path / "errors-{rank}.json"
     _run(_exactness_worker, world, chag, batch, rotation, str(tmp_path / "init"), str(out))
-    errors = json.loads(out.read_text())
-    received = errors.pop("bytes received")
-    assert {k for k in errors if k.startswith("grad ")} == {f"grad {n}" for n, _ in _model().named_parameters()}
+    ranks = [json.loads(Path(str(out).format(rank=rank)).read_text()) for rank in range(world)]
+    counts = [{key: errors.pop(key) for key in COUNTS} for errors in ranks]
+    errors = {f"rank {rank} {name}": error for rank, e in enumerate(ranks) for name, error in e.items()}
+    checked = {name.split(" ", 3)[-1] for name in errors if " grad " in name}
+    assert checked == {n for n, _ in _model().named_parameters()}  # every gradient, on the rank that owns it
     worst = {name: error for name, error in errors.items() if error > 1e-5}
     assert worst == {}, f"relative errors above 1e-5: {worst}"
+    # The groups' own gradients, 4 backwards: a ring all-reduce over the dp peers only, nothing at dp = 1.
+    dp = world // chag
+    for count in counts:
+        owned = count["owned group elements"]
+        assert count["group gradient bytes sent"] == (4 * 2 * (dp - 1) * -(-owned // dp) * 4 if dp > 1 else 0)
+    received = counts[0]["bytes received"]
     # Rank 0, over 4 forward and backward passes: its slice's tokens of every group, then its groups' gradient for
     # its dp shard; one spatial token (patch 5 is cropped to one 3×3 sub-patch) of 64 fp32 dims per group and sample.
     shard = batch // (world // chag)
@@ -172,7 +196,7 @@ def _saved_bytes(forward, model: nn.Module, x: torch.Tensor) -> int:
 
 def _memory_worker(rank: int, world: int, init_file: str, out: str) -> None:
     model = _model(bands=200)
-    groups = _start(rank, world, init_file, world, model)
+    groups, _ = _start(rank, world, init_file, world, model)
     x = torch.randn(16, 200, 9, 9, generator=torch.Generator().manual_seed(2))
     saved = {
         "rank": _saved_bytes(lambda batch: groups(model, batch), model, x),
@@ -214,3 +238,36 @@ def test_the_ranks_loss_shares_average_to_the_batch_loss_and_their_samples_cover
     assert torch.cat([r.own_samples(rows) for r in ranks]).tolist() == rows.tolist()
     shares = [r.loss_share(loss_fn, logits[r.own_samples(rows)], y) for r in ranks]
     torch.testing.assert_close(torch.stack(shares).mean(), loss_fn(logits, y))  # what DDP's mean makes of them
+
+
+def _overflow_worker(rank: int, world: int, init_file: str, out: str) -> None:
+    model = _model()
+    groups, mesh = _start(rank, world, init_file, 2, model)
+    gradients = GroupGradients(model, groups.owners, rank % 2, mesh.get_group("dp"), mesh.get_group("chag"), world)
+    for p in gradients.owned:
+        p.grad = torch.ones_like(p)
+    if rank == 1:
+        gradients.owned[0].grad[0] = float("inf")  # an fp16 overflow in one rank's groups only
+    gradients.reduce(check_overflow=True)
+    Path(f"{out}.{rank}").write_text(json.dumps(all(p.grad.isnan().all().item() for p in gradients.owned)))
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_an_fp16_overflow_in_one_ranks_groups_makes_every_rank_skip_the_step(tmp_path):
+    # The loss scaler of each rank sees only its own groups' gradients: all of them must see the overflow.
+    out = tmp_path / "nan.json"
+    _run(_overflow_worker, 2, str(tmp_path / "init"), str(out))
+    assert [json.loads(Path(f"{out}.{rank}").read_text()) for rank in range(2)] == [True, True]
+
+
+def test_channel_groups_refuse_gradient_norm_clipping():
+    from types import SimpleNamespace
+
+    from hslite.parallel.channel_groups import ChannelGroupDDPStrategy
+
+    trainer = SimpleNamespace(
+        gradient_clip_val=1.0, gradient_clip_algorithm="norm", lightning_module=SimpleNamespace(model=_model())
+    )
+    with pytest.raises(ConfigError, match="gradient norm would differ by rank.*gradient_clip_algorithm='value'"):
+        ChannelGroupDDPStrategy(2).setup(trainer)

@@ -52,6 +52,9 @@ class OwnTokenizers(torch.nn.Module):
     def aggregate(self, group_tokens, group_indices):
         return group_tokens.mean(dim=1)
 
+    def group_parameters(self, group_index):
+        return list(self.tokenizers[group_index].parameters())
+
     def head(self, tokens):
         return self.classifier(tokens[:, 0])
 

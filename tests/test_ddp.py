@@ -177,3 +177,30 @@ def test_the_progress_bar_on_rank_zero_does_not_deadlock_the_epoch_end_metrics()
     )  # fmt: skip
     trainer.fit(task, datamodule=FixedData(16))
     assert trainer.callback_metrics["perf/epochs"].item() == 2
+
+
+@pytest.mark.slow
+def test_a_dp2_chag2_rank_sends_the_bytes_the_preflight_predicts():
+    # Measured: DDP's all-reduce of the shared parameters (ring formula), the band groups' own gradients summed over
+    # their dp peers and the token exchange (both counted). Predicted from the model's footprint.
+    from hslite.parallel.usage import RankUsage, usage_metrics
+    from hslite.preflight.comm_cost import chag_token_bytes, grad_bytes_per_step
+    from hslite.preflight.footprint import measure_footprint
+
+    plan = Plan(devices=4, chag=2, batch_size=8)
+    _, trainer = train(plan, epochs=1, callbacks=[RankUsage()], model_name="channel_vit")
+    usage = usage_metrics(trainer.callback_metrics, "cpu")
+    factory = lambda: get_model("channel_vit", in_bands=32, num_classes=4, patch_size=3)  # noqa: E731
+    model = factory()
+    sizes = measure_footprint(
+        factory, lambda b: (torch.randn(b, 32, 3, 3), torch.randint(0, 4, (b,))), batch_size=8,
+        precision="32-true", band_group_sizes=[stop - start for start, stop in model.band_groups],
+    )  # fmt: skip
+    predicted = grad_bytes_per_step(plan, sizes) + 2 * chag_token_bytes(plan, sizes)
+    assert usage["counted_bytes_per_step"] + usage["computed_bytes_per_step"] == pytest.approx(predicted, rel=1e-3)
+    # Against every gradient all-reduced over the 4 ranks: the groups' own leave it (2·3/4 of them), and each rank
+    # sums its two groups' over its dp peer instead (2·1/2 of half of them).
+    group_bytes = sum(sizes.group_grad_bytes)
+    assert group_bytes > 0
+    everything = 2 * 3 / 4 * sizes.grad_bytes + 2 * chag_token_bytes(plan, sizes)
+    assert predicted == pytest.approx(everything - 2 * 3 / 4 * group_bytes + 2 * 1 / 2 * group_bytes / 2)

@@ -78,7 +78,11 @@ def _class(**attributes):
         ("bad", _class(SIZES={}), 'needs SIZES = {"small": {...}}'),
         ("bad", _class(SUMMARY=""), "needs SUMMARY"),
         ("bad", _class(SIZES={"small": ["hidden", 3]}), r"SIZES\['small'\] must be a dict"),
-        ("bad", _class(BAND_GROUPS=True), "BAND_GROUPS = True but has no encode_group, encode_groups, aggregate, head"),
+        (
+            "bad",
+            _class(BAND_GROUPS=True),
+            "BAND_GROUPS = True but has no encode_group, encode_groups, aggregate, head, group_parameters",
+        ),
         ("bad", _class(FSDP_UNITS="linear"), "FSDP_UNITS must be a tuple of submodule names"),
         ("bad", Tiny(in_bands=2, num_classes=2, patch_size=1, scale=1.0), "must be a class"),
     ],

@@ -40,6 +40,9 @@ class Tokenized(nn.Module):
     def encode_group(self, x_group: torch.Tensor, group_index: int) -> torch.Tensor:
         return self.tokenizer(x_group)
 
+    def group_parameters(self, group_index: int) -> list[nn.Parameter]:
+        return []  # the tokenizer is shared by every group
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(torch.stack([self.encode_group(x[:, a:b], g) for g, (a, b) in enumerate(self.band_groups)], 1))
 

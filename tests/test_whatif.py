@@ -67,7 +67,7 @@ def test_link_seconds_follow_the_profile_and_compression_shrinks_the_wire():
     link = topology.link_for(Plan(devices=8, accelerator="gpu"))
     ring = 2 * 7 * link.alpha_seconds + 2 * 7 / 8 * sizes.grad_bytes / link.bandwidth_bytes_per_second
     assert plain.comm_seconds == pytest.approx(ring)
-    assert int8.wire_bytes == pytest.approx(plain.wire_bytes / 4, rel=0.01)
+    assert int8.grad_bytes_per_step == pytest.approx(plain.grad_bytes_per_step / 4, rel=0.01)
     assert any("quantise cost is compute" in note for note in int8.notes)
 
 

@@ -32,9 +32,9 @@ class ModelClass(Protocol):
     (n, B, p, p) to logits (n, K); ``p`` is odd (the centre pixel is the one classified). Two optional class
     attributes switch features on, declared by the model itself: ``BAND_GROUPS = True`` (the model encodes
     contiguous band groups separately, exposing ``band_groups``, ``encode_group``, ``encode_groups``,
-    ``aggregate`` and ``head`` as ``ChannelViT`` does, and takes ``num_groups`` and ``wavelengths_nm``; channel
-    groups and rotation split it there) and ``FSDP_UNITS`` (names of the submodules FSDP gathers one at a time;
-    ``parallel.fsdp_policy``).
+    ``aggregate``, ``head`` and ``group_parameters`` as ``ChannelViT`` does, and takes ``num_groups`` and
+    ``wavelengths_nm``; channel groups and rotation split it there) and ``FSDP_UNITS`` (names of the submodules
+    FSDP gathers one at a time; ``parallel.fsdp_policy``).
     """
 
     SUMMARY: str  # what the model is, a few words
@@ -45,7 +45,7 @@ class ModelClass(Protocol):
         """in_bands=, num_classes=, patch_size= and one preset's keywords -> the model."""
 
 
-BAND_GROUP_METHODS = ("encode_group", "encode_groups", "aggregate", "head")
+BAND_GROUP_METHODS = ("encode_group", "encode_groups", "aggregate", "head", "group_parameters")
 _NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
 
 _BUILTIN: dict[str, ModelClass] = {

@@ -181,6 +181,14 @@ class ChannelViT(nn.Module):
         query = self.group_queries[group_index] + self.group_spectra[group_index](spectra)
         return self.partial_aggregation(query, per_position).view(n, num_spatial, dim)
 
+    def group_parameters(self, group_index: int) -> list[nn.Parameter]:
+        """The parameters only group `group_index`'s encode_group uses (channel groups reduce them over its owners)."""
+        return [
+            self.band_embeddings[group_index],
+            self.group_queries[group_index],
+            *self.group_spectra[group_index].parameters(),
+        ]
+
     def aggregate(self, group_tokens: torch.Tensor, group_indices: Sequence[int]) -> torch.Tensor:
         """Cross-attend over the given groups' tokens at each spatial position: (n, G_active, L, dim) -> (n, L, dim).
 

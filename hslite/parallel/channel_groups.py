@@ -9,14 +9,15 @@ aggregate over all G groups and run the head on its slice only: n/chag samples. 
 every chag rank; splitting it by samples divides its compute and activations by chag as well and moves 1/chag of
 the bytes an all-gather would.
 
-Gradients, with DDP averaging every gradient over all dp × chag ranks: a rank's loss is its samples' share of the
-batch loss times chag (`loss_share`), so the chag ranks' replicated-parameter gradients average to the batch's;
-the exchange's backward returns every slice's token gradient to the group's owner, whose tokenizer gradient is then
-chag × the batch's, and the average over the chag ranks (zero on the others) divides that back. Every rank thus
-ends with the gradient of one process over the dp ranks' samples (exact in fp32 up to summation order;
-tests/test_channel_groups.py). A group's own parameters are unused on the ranks that do not own it, so DDP runs
-with find_unused_parameters, and its gradient hook waits for the exchange so that every rank issues the two
-communicators' collectives in one order (exchange_order.py: NCCL hangs otherwise).
+Gradients: a rank's loss is its samples' share of the batch loss times chag (`loss_share`), so DDP's average over
+all dp × chag ranks gives the shared parameters the batch's gradient; the exchange's backward returns every slice's
+token gradient to the group's owner, whose group-parameter gradient is then chag × its dp shard's. Those are
+summed over the owner's dp peers only and divided by dp × chag (group_gradients.py), not all-reduced as zeros over
+every rank. Every rank thus ends with the gradient of one process over the dp ranks' samples for what it uses
+(exact in fp32 up to summation order; tests/test_channel_groups.py). Rotation leaves some groups' shared
+parameters unused in a step, so DDP runs with find_unused_parameters, and its gradient hook waits for the exchange
+so that every rank issues the two communicators' collectives in one order (exchange_order.py: NCCL hangs
+otherwise).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from hslite.errors import ConfigError
 from hslite.parallel.exchange_order import ExchangeOrder, ordered_hook
+from hslite.parallel.group_gradients import GroupGradients
 from hslite.parallel.group_owners import rank_groups
 from hslite.parallel.strategies import CompressedDDPStrategy, FencedDDPStrategy
 
@@ -170,7 +172,9 @@ class ChannelGroupDDPStrategy(FencedDDPStrategy):
         super().__init__(**{**kwargs, "find_unused_parameters": True})  # groups are unused on ranks not owning them
         self.chag = chag
         self._chag_group: Any = None
+        self._dp_group: Any = None
         self._order: ExchangeOrder | None = None
+        self.group_gradients: GroupGradients | None = None  # set up with the model
 
     def setup_environment(self) -> None:
         """Start the process group as Lightning does, then the (dp, chag) mesh on it."""
@@ -179,7 +183,7 @@ class ChannelGroupDDPStrategy(FencedDDPStrategy):
             raise ConfigError(f"dp × chag must equal the {self.world_size} ranks; chag={self.chag} does not divide it.")
         device = "cuda" if self.root_device.type == "cuda" else "cpu"
         mesh = init_device_mesh(device, (self.world_size // self.chag, self.chag), mesh_dim_names=("dp", "chag"))
-        self._chag_group = mesh.get_group("chag")
+        self._chag_group, self._dp_group = mesh.get_group("chag"), mesh.get_group("dp")
 
     @property
     def distributed_sampler_kwargs(self) -> dict[str, Any]:
@@ -190,15 +194,24 @@ class ChannelGroupDDPStrategy(FencedDDPStrategy):
         """Give the task its channel-group forward before DDP wraps it."""
         model = getattr(trainer.lightning_module, "model", None)
         band_groups = getattr(model, "band_groups", None)
-        if band_groups is None:
+        if not isinstance(model, nn.Module) or band_groups is None:
             raise ConfigError(
                 f"parallel.chag={self.chag} needs a model with band groups (channel_vit); "
                 f"{type(model).__name__} has none. Set parallel.chag=1 or model.name=channel_vit."
             )
+        if trainer.gradient_clip_val and trainer.gradient_clip_algorithm != "value":
+            raise ConfigError(
+                f"parallel.chag={self.chag} keeps each band group's gradient on the ranks that own it, so a gradient "
+                f"norm would differ by rank; got gradient_clip_val={trainer.gradient_clip_val} by "
+                f"{trainer.gradient_clip_algorithm}. Clip by value (gradient_clip_algorithm='value') or not at all."
+            )
         sizes = [stop - start for start, stop in band_groups]
         self._order = None
-        trainer.lightning_module.channel_groups = ChannelGroups(
-            sizes, self.chag, self.global_rank % self.chag, self._chag_group
+        chag_rank = self.global_rank % self.chag
+        groups = ChannelGroups(sizes, self.chag, chag_rank, self._chag_group)
+        trainer.lightning_module.channel_groups = groups
+        self.group_gradients = GroupGradients(
+            model, groups.owners, chag_rank, self._dp_group, self._chag_group, self.world_size
         )
         super().setup(trainer)
 
@@ -208,12 +221,38 @@ class ChannelGroupDDPStrategy(FencedDDPStrategy):
         A compressed all-reduce (the subclass below) registers its hook through `_register_hook`, which wraps it;
         otherwise the plain all-reduce is wrapped here.
         """
+        if self.group_gradients is not None and self.model is not None:  # summed over owners (group_gradients.py)
+            names = self.group_gradients.ignored_names(self.model)
+            DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(self.model, names)
+            self.group_gradients.broadcast_initial()
         super().configure_ddp()
         if self._order is None:
             ddp = self.model
             if not isinstance(ddp, DistributedDataParallel):
                 raise RuntimeError(f"expected the model wrapped in DistributedDataParallel, got {type(ddp).__name__}")
             self._register_hook(ddp, None, default_hooks.allreduce_hook)
+
+    def post_backward(self, closure_loss: Tensor) -> None:
+        """After the backward that syncs DDP's gradients (not an accumulated one), sum the groups' own over owners."""
+        super().post_backward(closure_loss)
+        ddp = self.model
+        if self.group_gradients is not None and isinstance(ddp, DistributedDataParallel):
+            if ddp.require_backward_grad_sync:
+                self.group_gradients.reduce(check_overflow=self.precision_plugin.precision == "16-mixed")
+
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        """The whole model: every group's parameters and optimiser state from its owner first (on every rank)."""
+        self._sync_group_replicas()
+        return super().lightning_module_state_dict()
+
+    def on_train_end(self) -> None:
+        """Leave every rank with the trained model, whoever owned each group."""
+        self._sync_group_replicas()
+        super().on_train_end()
+
+    def _sync_group_replicas(self) -> None:
+        if self.group_gradients is not None:
+            self.group_gradients.sync_replicas(self.optimizers)
 
     def _register_hook(self, ddp: DistributedDataParallel, state: Any, hook: Any) -> None:
         self._order = ExchangeOrder(state, hook)

@@ -8,10 +8,11 @@ lower bound of the peak inside backward. A read walks the heap (slow when it is 
 SAMPLED_STEPS optimiser steps are sampled: once the optimiser state exists every step holds the same tensors.
 Validation is not sampled.
 
-Bytes. Counted where hslite's code hands tensors to collectives (the int8 hook, the channel-group token exchange);
-computed with the ring formula where it does not (the bf16/fp16 hooks count that way; plain DDP all-reduces its fp32
-gradients once per optimiser step; FSDP all-gathers the parameters twice and reduce-scatters the fp32 gradients every
-micro-batch, each moving (N−1)/N of them per rank, DESIGN §3). Both per rank, the most loaded rank's.
+Bytes. Counted where hslite's code hands tensors to collectives (the int8 hook, the channel-group token exchange,
+band groups' own gradients summed over their owners); computed with the ring formula where it does not (the
+bf16/fp16 hooks count that way; plain DDP all-reduces the fp32 gradients it manages once per optimiser step;
+FSDP all-gathers the parameters twice and reduce-scatters the fp32 gradients every micro-batch, each moving
+(N−1)/N of them per rank, DESIGN §3). Both per rank, the most loaded rank's.
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ class RankUsage(pl.Callback):
             self.computed_bytes += now_hook - hook_bytes
         self.counted_bytes += now_token - token_bytes
         strategy, world = trainer.strategy, trainer.world_size
-        numel = sum(p.numel() for p in module.parameters() if p.requires_grad)  # DTensors count their whole size
+        numel = sum(p.numel() for p in _collective_parameters(strategy, module))
         if state is None and isinstance(strategy.model, DistributedDataParallel) and trainer.global_step > step:
             self.computed_bytes += wire_bytes(numel, world, "none")  # one fp32 all-reduce per optimiser step
         if isinstance(strategy, ShardedStrategy) and world > 1:
@@ -136,9 +137,21 @@ class RankUsage(pl.Callback):
 
 
 def _hook_and_token_bytes(trainer: pl.Trainer) -> tuple[int, int]:
+    """(the compression hook's bytes, the bytes hslite's channel-group collectives moved: tokens, groups' gradients)."""
     state = getattr(trainer.strategy, "compression_state", None)
     groups = getattr(trainer.lightning_module, "channel_groups", None)
-    return (state.bytes_sent if state is not None else 0, groups.bytes_received if groups is not None else 0)
+    group_gradients = getattr(trainer.strategy, "group_gradients", None)
+    counted = (groups.bytes_received if groups is not None else 0) + (
+        group_gradients.bytes_sent if group_gradients is not None else 0
+    )
+    return (state.bytes_sent if state is not None else 0, counted)
+
+
+def _collective_parameters(strategy: Any, module: pl.LightningModule) -> list[torch.nn.Parameter]:
+    """The trained parameters DDP or FSDP communicate (DTensors count their whole size): not band groups' own."""
+    group_gradients = getattr(strategy, "group_gradients", None)
+    left_out = {id(p) for p in group_gradients.parameters} if group_gradients is not None else set()
+    return [p for p in module.parameters() if p.requires_grad and id(p) not in left_out]
 
 
 def usage_metrics(callback_metrics: dict[str, Any], accelerator: str) -> dict[str, Any]:

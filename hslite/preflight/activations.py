@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from hslite.errors import ConfigError
+from hslite.parallel.group_gradients import group_parameters
 from hslite.preflight.fake_tensors import storage_key
 from hslite.preflight.measurements import Footprint
 from hslite.preflight.timers import autocast, intervals_seconds, mark
@@ -87,7 +88,7 @@ def measure_tokenizer(
     *,
     forwards: int = 3,
 ) -> float:
-    """Fill `result`'s per-group share of activation bytes and its group-token bytes; return its share of forward time.
+    """Fill `result`'s per-group activation share, group-token and own-gradient bytes; return the work's time share.
 
     `model` is a band-group model in training mode on `dev`; its per-group work is `encode_group` (every call of it
     in a forward), whose outputs are the group tokens that channel groups exchange. The time share is the median of
@@ -119,6 +120,9 @@ def measure_tokenizer(
     if not state["spans"]:
         raise ConfigError(f"{type(model).__name__}'s forward never called encode_group: a band-group model encodes "
                           "its groups with it (README 'Your own model').")  # fmt: skip
+    result.group_grad_bytes = [
+        sum(p.numel() * p.element_size() for p in group_parameters(model, g)) for g in range(len(state["spans"]))
+    ]  # one encode_group call per group in the last forward
     result.tokenizer_activation_fraction = counter.inside_bytes / max(counter.total_bytes, 1)
     result.group_token_bytes_per_sample = state["output_bytes"] // result.batch_size
     return statistics.median(shares)

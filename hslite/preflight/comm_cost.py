@@ -11,6 +11,7 @@ import math
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from hslite.parallel.group_owners import rank_groups
 from hslite.preflight.formulas import (
     allgather_seconds,
     allreduce_seconds,
@@ -51,21 +52,54 @@ def comm_seconds(
         # Each unit gathers twice and reduce-scatters once on its own: the latency is paid per unit
         per_micro_step += 3 * ((sizes.fsdp_units or 1) - 1) * (plan.dp - 1) * link.alpha_seconds
         exposed_seconds = max(0.0, plan.accumulate * per_micro_step - link.overlap * backward_seconds)
-    elif plan.world_size > 1:  # DDP spans every rank: channel-group ranks hold shares of one gradient
+    elif plan.world_size > 1:  # DDP spans every rank; band groups' own gradients are summed over their owners
+        ddp_bytes, owned_bytes = gradient_split(plan, sizes)
         seconds = allreduce_seconds(
-            wire_bytes(sizes.grad_bytes, plan.compression), plan.world_size, link, ring_factor_exact=exact
+            wire_bytes(ddp_bytes, plan.compression), plan.world_size, link, ring_factor_exact=exact
         )
-        overlap = link.overlap * max(0.0, 1.0 - DDP_BUCKET_CAP_BYTES / max(sizes.grad_bytes, 1))
+        overlap = link.overlap * max(0.0, 1.0 - DDP_BUCKET_CAP_BYTES / max(ddp_bytes, 1))
         if plan.compression in SYNCHRONOUS_HOOKS:
             overlap = 0.0
             if link.overlap > 0:
                 notes.append(f"{plan.compression}'s hook exchanges each bucket before backward goes on: no overlap")
         exposed_seconds = max(0.0, seconds - overlap * backward_seconds)
+        if owned_bytes:  # after backward, in fp32 whatever the compression (group_gradients.py)
+            exposed_seconds += allreduce_seconds(owned_bytes, plan.dp, link, ring_factor_exact=exact)
         if plan.compression in ("bf16", "fp16"):
             notes.append(f"{plan.compression} cast cost not priced")
     if plan.chag_enabled:
         exposed_seconds += _chag_seconds(plan, sizes, chag_link or link, exact, notes)
     return exposed_seconds
+
+
+def gradient_split(plan: Plan, sizes: Footprint) -> tuple[float, float]:
+    """Gradient bytes per step: (DDP's, over every rank; the most loaded rank's band groups' own, over its dp peers).
+
+    Under channel groups a band group's own gradients are summed over the dp peers of the rank that owns it
+    (group_gradients.py): none to send at dp = 1, and only the step's active groups under rotation.
+    """
+    if not plan.chag_enabled or not sizes.group_grad_bytes or not sizes.band_group_sizes:
+        return float(sizes.grad_bytes), 0.0
+    owners = rank_groups(sizes.band_group_sizes, plan.chag)
+    owned = max(sum(sizes.group_grad_bytes[g] for g in groups) for groups in owners)
+    active = plan.rotation_groups / len(owners) / len(owners[0]) if plan.rotation_enabled else 1.0
+    return float(sizes.grad_bytes - sum(sizes.group_grad_bytes)), owned * active if plan.dp > 1 else 0.0
+
+
+def grad_bytes_per_step(plan: Plan, sizes: Footprint) -> float:
+    """Bytes one rank sends per optimiser step in gradient collectives (ring formulas): what usage.py measures.
+
+    DDP: 2(N − 1)/N of its wire bytes, and 2(dp − 1)/dp of the band groups' own under channel groups. FSDP: per
+    micro-step, (N − 1)/N of the parameters gathered twice (in the compute dtype) and of the fp32 gradients.
+    """
+    if plan.world_size == 1:
+        return 0.0
+    if plan.fsdp:
+        gathered = sizes.param_count * (2 if plan.precision == "bf16-mixed" else 4)  # fsdp_policy's param_dtype
+        return plan.accumulate * (plan.dp - 1) / plan.dp * (2 * gathered + sizes.grad_bytes)
+    ddp_bytes, owned_bytes = gradient_split(plan, sizes)
+    ring = 2 * (plan.world_size - 1) / plan.world_size * wire_bytes(ddp_bytes, plan.compression)
+    return ring + (2 * (plan.dp - 1) / plan.dp * owned_bytes if plan.dp > 1 else 0.0)
 
 
 def chag_token_bytes(plan: Plan, probe: Footprint) -> int:

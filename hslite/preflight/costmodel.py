@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from hslite.parallel.group_owners import rank_groups
-from hslite.preflight.comm_cost import chag_token_bytes, comm_regime, comm_seconds
+from hslite.preflight.comm_cost import chag_token_bytes, comm_regime, comm_seconds, grad_bytes_per_step
 
 if TYPE_CHECKING:
     from hslite.parallel.plan import Plan
@@ -40,6 +40,7 @@ class Prediction:
     fits_memory: bool
     speedup: float  # S(N) against the same per-device plan alone on one device
     chag_bytes_per_step: int  # group tokens and their gradients one rank's exchanges write (chag_token_bytes × 2)
+    grad_bytes_per_step: float  # one rank's gradient collectives, ring formulas (comm_cost.grad_bytes_per_step)
     r: float  # communication/computation ratio, S(N) = N/(1+r)
     memory_budget_bytes: int  # what one rank may use (host memory ÷ processes on CPU)
     memory_breakdown_bytes: dict[str, int] = field(default_factory=dict)
@@ -166,6 +167,7 @@ def predict(
         fits_memory=peak_bytes <= budget_bytes,
         speedup=speedup,
         chag_bytes_per_step=2 * plan.accumulate * chag_token_bytes(plan, probe),
+        grad_bytes_per_step=grad_bytes_per_step(plan, probe),
         r=plan.world_size / speedup - 1.0,
         memory_budget_bytes=budget_bytes,
         memory_breakdown_bytes=breakdown,

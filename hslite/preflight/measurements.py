@@ -32,6 +32,7 @@ class Footprint:
     tokenizer_activation_fraction: float | None = None  # share of activation bytes saved inside the tokenizer
     group_token_bytes_per_sample: int | None = None  # tokenizer output (G × D elements) per sample
     band_group_sizes: list[int] | None = None  # bands in each of the G groups (channel groups, rotation)
+    group_grad_bytes: list[int] | None = None  # gradient bytes of each group's own parameters (group_parameters)
     fsdp_gathered_bytes: int | None = None  # parameter bytes whole at once under FSDP (fsdp_policy); None: no policy
     fsdp_units: int | None = None  # FSDP units, the root included: each gathers and reduce-scatters on its own
 

@@ -121,7 +121,7 @@ class Verdict:
         if priced:
             columns = ("plan", "step s", "samples/s", "ECD", "E", "regime", "memory/device", "fits", "passes")
         else:
-            columns = ("plan", "link s/step", "wire MiB/step", "memory/device", "fits")
+            columns = ("plan", "link s/step", "grad MiB/rank/step", "memory/device", "fits")
         for name in columns:
             table.add_column(name, justify="left" if name == "plan" else "right")
         shown = self.rows[:limit] if limit else self.rows
@@ -137,7 +137,7 @@ class Verdict:
                            f"{row['efficiency']:.2f}", row["regime"], *memory,
                            "yes" if row["passes"] else "no")  # fmt: skip
             else:
-                figures = (f"{row['comm_seconds']:.3g}", f"{row['wire_bytes'] / 2**20:.3g}", *memory)
+                figures = (f"{row['comm_seconds']:.3g}", f"{row['grad_bytes_per_step'] / 2**20:.3g}", *memory)
             table.add_row(row["plan"] + mark, *figures)
         return table
 

@@ -11,9 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from hslite.preflight.comm_cost import chag_token_bytes, comm_seconds
+from hslite.preflight.comm_cost import chag_token_bytes, comm_seconds, grad_bytes_per_step
 from hslite.preflight.costmodel import memory_breakdown_bytes, memory_budget_bytes
-from hslite.preflight.formulas import wire_bytes
 from hslite.preflight.verdict import Verdict, gib
 
 if TYPE_CHECKING:
@@ -30,7 +29,7 @@ class FootprintPrediction:
     """
 
     comm_seconds: float  # per optimiser step on the plan's links, none of it hidden (no backward time to hide under)
-    wire_bytes: float  # gradient bytes one all-reduce carries per optimiser step
+    grad_bytes_per_step: float  # one rank's gradient collectives, ring formulas (comm_cost.grad_bytes_per_step)
     chag_bytes_per_step: int  # group tokens and their gradients a rank's exchanges write per step (costmodel)
     per_device_peak_bytes: int
     fits_memory: bool
@@ -62,7 +61,7 @@ def predict_footprint(
     budget_bytes = memory_budget_bytes(plan, device_memory_bytes)
     return FootprintPrediction(
         comm_seconds=link_seconds,
-        wire_bytes=wire_bytes(sizes.grad_bytes, plan.compression) if plan.world_size > 1 and not plan.fsdp else 0.0,
+        grad_bytes_per_step=grad_bytes_per_step(plan, sizes),
         chag_bytes_per_step=2 * plan.accumulate * chag_token_bytes(plan, sizes),
         per_device_peak_bytes=peak_bytes,
         fits_memory=peak_bytes <= budget_bytes,
@@ -80,7 +79,7 @@ def decide_without_compute(
         {
             "plan": plan.describe(),
             "comm_seconds": pred.comm_seconds,
-            "wire_bytes": pred.wire_bytes,
+            "grad_bytes_per_step": pred.grad_bytes_per_step,
             "per_device_peak_bytes": pred.per_device_peak_bytes,
             "memory_budget_bytes": pred.memory_budget_bytes,
             "fits": pred.fits_memory,
@@ -108,7 +107,7 @@ def decide_without_compute(
             f"has {gib(pred.memory_budget_bytes)}: it cannot run there whatever its speed"
         )
     if requested.world_size > 1:
-        moved = [f"its gradient all-reduce moves {pred.wire_bytes / 2**20:.3g} MiB"]
+        moved = [f"each rank's gradient collectives send {pred.grad_bytes_per_step / 2**20:.3g} MiB"]
         if requested.chag_enabled:
             moved.append(f"its channel groups exchange {pred.chag_bytes_per_step / 2**20:.3g} MiB of group tokens")
         reasons.append(
