@@ -14,6 +14,7 @@ from hslite.preflight import feature_costs, step_timing
 from hslite.preflight import probe as probe_module
 from hslite.preflight.measurements import ProbeResult
 from hslite.preflight.probe import probe_model
+from hslite.preflight.tail import TAIL_STEPS
 
 D, H, C = 16, 32, 5
 
@@ -76,7 +77,9 @@ def test_the_compute_model_is_fitted_to_the_steps_timed_at_the_batch_and_at_half
 
     monkeypatch.setattr(step_timing, "timed_step", linear_in_batch)
     result = probe_model(linear_stack, make_batch, batch_size=16, precision="32-true", threads=1, warmup=1, steps=3)
-    assert batches == [16] * 4 + [8] * 4  # warm-up and timed steps at b, then at b/2
+    # Warm-up, then the timed steps at b, going on to TAIL_STEPS for the step-time distribution; then b/2.
+    assert batches == [16] * (1 + TAIL_STEPS) + [8] * 4
+    assert result.step_seconds_samples == [3e-3 + 6e-5 * 16 + 1e-4] * TAIL_STEPS
     assert (result.forward_seconds, result.backward_seconds) == (1e-3 + 2e-5 * 16, 2e-3 + 4e-5 * 16)
     assert result.optimizer_seconds == 1e-4 and result.batch_size == 16
     assert result.compute_c0_seconds == pytest.approx(3e-3)
@@ -159,7 +162,8 @@ def test_fsdp_overhead_is_measured_on_a_one_rank_group_and_priced_per_micro_step
     assert result.fsdp_micro_overhead_seconds is not None and result.fsdp_optimizer_overhead_seconds is not None
     assert not torch.distributed.is_initialized()  # the probe's one-rank group is gone again
     fixed = ProbeResult.from_dict({**result.to_dict(), "fsdp_micro_overhead_seconds": 0.01,
-                                   "fsdp_optimizer_overhead_seconds": 0.02})  # fmt: skip
+                                   "fsdp_optimizer_overhead_seconds": 0.02,
+                                   "step_seconds_samples": None})  # fmt: skip  # no straggler tail: overhead alone
     link = LinkModel(1e-4, 1e12)
     plain = costmodel.predict(Plan(devices=2, batch_size=16, accumulate=2), fixed, link, 2**34)
     sharded = costmodel.predict(Plan(devices=2, batch_size=16, accumulate=2, fsdp=True), fixed, link, 2**34)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from hslite.parallel.group_owners import rank_groups
 from hslite.preflight.comm_cost import chag_token_bytes, comm_regime, comm_seconds, grad_bytes_per_step
+from hslite.preflight.tail import tail_factor, tail_note
 
 if TYPE_CHECKING:
     from hslite.parallel.plan import Plan
@@ -143,6 +144,9 @@ def predict(
     oversubscription, cores = _cpu_sharing(plan, probe, cpu_cores, notes)
     shards = plan.dp if plan.fsdp else 1
     compute_seconds, backward_seconds = (oversubscription * s for s in _compute_seconds(plan, probe, plan.chag, shards))
+    compute_seconds *= tail_factor(probe.step_seconds_samples, plan.world_size, plan.accumulate)  # the slowest rank
+    straggler = tail_note(probe.step_seconds_samples, plan.world_size, plan.accumulate)
+    notes.extend([straggler] if straggler else [])
     exposed_seconds = comm_seconds(plan, probe, link, chag_link, backward_seconds, ring_factor_exact, notes)
     exposed_seconds += _quantise_seconds(plan, probe, notes)
     regime = comm_regime(plan, probe, link, chag_link, ring_factor_exact, exposed_seconds, compute_seconds)

@@ -70,6 +70,9 @@ class ProbeResult(Footprint):
     fsdp_micro_overhead_seconds: float | None = None  # per micro-step, forward + backward
     fsdp_optimizer_overhead_seconds: float | None = None  # per optimiser step
     contention_ranks: int = 1
+    # Every timed step at `batch_size` (forward + backward + optimiser), sorted: the distribution tail.py prices
+    # the slowest rank from
+    step_seconds_samples: list[float] | None = None
 
 
 @dataclass

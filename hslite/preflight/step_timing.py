@@ -17,6 +17,7 @@ from torch import nn
 from hslite.preflight.footprint import counted_peak_bytes, model_sizes
 from hslite.preflight.formulas import fit_compute_model
 from hslite.preflight.measurements import ProbeResult
+from hslite.preflight.tail import TAIL_SECONDS, TAIL_STEPS
 from hslite.preflight.timers import autocast, intervals_seconds, mark, wall_seconds
 from hslite.preflight.training_step import TrainingStep, batch_to
 
@@ -76,25 +77,32 @@ def measure_steps(
     def one_step(batch: Any) -> list[float]:
         return timed_step(model, optimizer, batch, precision, dev, step)
 
-    def median_step(b: int, stop_at: float, warmup_steps: int) -> list[float]:
+    def timed_steps(b: int, stop_at: float, warmup_steps: int, wanted: int) -> list[list[float]]:
         batch = batch_on_device(b)
         for _ in range(warmup_steps):
             one_step(batch)
         timed = [one_step(batch)]
-        while len(timed) < steps and time.monotonic() < stop_at:
+        while len(timed) < wanted and time.monotonic() < stop_at:
             timed.append(one_step(batch))
+        return timed
+
+    def medians(timed: list[list[float]]) -> list[float]:
         return [statistics.median(column) for column in zip(*timed, strict=True)]
 
     data_seconds = statistics.median(wall_seconds(lambda: batch_on_device(batch_size), dev) for _ in range(3))
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     now = time.monotonic()
-    forward_seconds, backward_seconds, optimizer_seconds = median_step(
-        batch_size, now + FULL_BATCH_SHARE * (deadline - now), warmup
-    )
+    # The full batch's steps are also the sample of the step-time distribution that prices the slowest rank (tail.py):
+    # `steps` at least, up to TAIL_STEPS within TAIL_SECONDS.
+    stop_at = now + FULL_BATCH_SHARE * (deadline - now)
+    timed = timed_steps(batch_size, stop_at, warmup, steps)
+    if len(timed) < TAIL_STEPS:
+        timed += timed_steps(batch_size, min(stop_at, time.monotonic() + TAIL_SECONDS), 0, TAIL_STEPS - len(timed))
+    forward_seconds, backward_seconds, optimizer_seconds = medians(timed)
     gpu_peak_bytes = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None
     half_batch = batch_size // 2 if batch_size > 1 else 2
-    half_forward, half_backward, _ = median_step(half_batch, deadline, min(warmup, 1))  # kernels are warm by now
+    half_forward, half_backward, _ = medians(timed_steps(half_batch, deadline, min(warmup, 1), steps))  # warm now
     c0, c1 = fit_compute_model(
         [batch_size, half_batch], [forward_seconds + backward_seconds, half_forward + half_backward]
     )
@@ -112,4 +120,5 @@ def measure_steps(
         peak_bytes=gpu_peak_bytes if gpu_peak_bytes is not None else counted_peak_bytes(sizes),
         compute_c0_seconds=c0,
         compute_c1_seconds_per_sample=c1,
+        step_seconds_samples=sorted(sum(step_times) for step_times in timed),
     )
