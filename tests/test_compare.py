@@ -20,6 +20,8 @@ from hslite.preflight.verdict import decide
 from hslite.recipe.build import build_model, plan_from_config, prepared_datamodule
 from hslite.recipe.config import list_recipes, load_config
 
+MEASURED = CompareOptions([], measure=True)  # what a measured comparison asks of its rows' fits
+
 QUICK = ["data.scene=synthetic_tiny", "data.eval_batch_size=128", "preflight.probe_steps=2"]
 
 
@@ -163,11 +165,49 @@ def _report(plan, decision, step_seconds, measured_seconds, min_efficiency=0.5, 
                          "relative_error": (step_seconds - measured_seconds) / measured_seconds}}  # fmt: skip
 
 
-def _measured_row(label, report):
+def _measured_row(label, report, oa=None):
     row = CompareRow(label)
     row.add_prediction(report)
-    row.add_measurement(report, {"usage": {}, "plan_that_ran": ""})
+    row.add_measurement(report, {"usage": {}, "plan_that_ran": "", "OA": oa}, whole=oa is not None)
     return row
+
+
+def test_a_channel_group_row_is_adopted_only_when_over_5_percent_faster_than_plain_dp_at_unchanged_accuracy():
+    from hslite.compare.chag_rule import judge_channel_groups
+
+    chag, dp = Plan(devices=4, chag=2, batch_size=32), Plan(devices=4, batch_size=16)  # both 64 samples a step
+    cases = {  # (chag row's measured step, its OA, DP's OA) -> the rule's first word
+        (0.0090, 0.90, 0.90): "adopt:",  # 10 % faster, same accuracy
+        (0.0097, 0.90, 0.90): "reject:",  # 3 % faster: not worth a second communicator
+        (0.0090, 0.85, 0.90): "reject:",  # faster, but 5 points of OA lost
+        (0.0090, None, None): "faster:",  # short fits: accuracy not checked
+    }
+    for (seconds, oa, dp_oa), verdict in cases.items():
+        rows = [_measured_row("dp", _report(dp, "GO", 0.01, 0.010), dp_oa),
+                _measured_row("chag", _report(chag, "GO", 0.01, seconds), oa)]  # fmt: skip
+        judge_channel_groups(rows, ["w", "w"])
+        assert rows[1].chag_rule.startswith(verdict), rows[1].chag_rule
+        assert rows[1].plain_dp == "dp" and rows[1].step_gain == pytest.approx(1 - seconds / 0.010)
+        assert rows[0].chag_rule is None  # plain DP is not judged
+    lonely = [_measured_row("chag", _report(chag, "GO", 0.01, 0.009))]
+    judge_channel_groups(lonely, ["w"])
+    assert lonely[0].chag_rule == "not judged: no measured plain-DP row of its work; add 4×cpu dp4 b16 acc1 32-true"
+    other_work = [
+        _measured_row("dp", _report(dp, "GO", 0.01, 0.01)),
+        _measured_row("chag", _report(chag, "GO", 0.01, 0.009)),
+    ]
+    judge_channel_groups(other_work, ["cnn", "vit"])
+    assert other_work[1].chag_rule.startswith("not judged")
+
+
+def test_accuracy_trains_every_row_to_the_end_and_needs_measure():
+    from hslite.compare.measure import SHORT_OVERRIDES, run_overrides
+
+    options = parse_options(["recipes=quickstart", "measure=true", "accuracy=true"])
+    assert options.accuracy and not set(SHORT_OVERRIDES) & set(run_overrides(options))
+    assert set(SHORT_OVERRIDES) <= set(run_overrides(parse_options(["recipes=quickstart", "measure=true"])))
+    with pytest.raises(ConfigError, match="accuracy=true .* needs measure=true"):
+        parse_options(["recipes=quickstart", "accuracy=true"])
 
 
 def test_a_verdict_holds_when_go_and_the_measured_efficiency_fall_on_the_same_side_of_its_threshold():
@@ -192,12 +232,12 @@ def test_a_verdict_holds_when_go_and_the_measured_efficiency_fall_on_the_same_si
 
 def test_a_multi_device_row_gets_a_reference_row_for_its_verdicts_best_single_device_plan(tmp_path):
     best = Plan(batch_size=32, accumulate=2, precision="bf16-mixed")  # what each made-up verdict names
-    dp2 = _entry("dp2", "quickstart", ["parallel.devices=2", "data.batch_size=32"], measure=True)
-    dp4 = _entry("dp4", "quickstart", ["parallel.devices=4", "data.batch_size=16"], measure=True)  # same work as dp2
-    vit = _entry("vit dp2", "quickstart", [*dp2.overrides, "model.name=channel_vit"], measure=True)
-    auto = _entry(None, "quickstart", [*dp2.overrides, "train.lr=0.01", "parallel.plan=auto"], measure=True)
+    dp2 = _entry("dp2", "quickstart", ["parallel.devices=2", "data.batch_size=32"], MEASURED)
+    dp4 = _entry("dp4", "quickstart", ["parallel.devices=4", "data.batch_size=16"], MEASURED)  # same work as dp2
+    vit = _entry("vit dp2", "quickstart", [*dp2.overrides, "model.name=channel_vit"], MEASURED)
+    auto = _entry(None, "quickstart", [*dp2.overrides, "train.lr=0.01", "parallel.plan=auto"], MEASURED)
     assert _workload(dp2.cfg) == _workload(dp4.cfg) != _workload(vit.cfg)
-    vit_rotating = _entry("vit rot2", "quickstart", [*vit.overrides, "parallel.rotation_groups=2"], measure=True)
+    vit_rotating = _entry("vit rot2", "quickstart", [*vit.overrides, "parallel.rotation_groups=2"], MEASURED)
     assert _workload(vit_rotating.cfg) != _workload(vit.cfg)  # a rotating row trains less per step: not one reference
     rows = []
     for entry in (dp2, dp4, vit, auto):
@@ -207,7 +247,7 @@ def test_a_multi_device_row_gets_a_reference_row_for_its_verdicts_best_single_de
         rows.append(_measured_row(entry.label, report))
         rows[-1].run_dir = entry.label
     assert _best_single_plan(report) == best
-    added = _references([dp2, dp4, vit, auto], rows, tmp_path)
+    added = _references([dp2, dp4, vit, auto], rows, tmp_path, MEASURED)
     assert [entry.label for entry in added] == [
         "dp2 (reference)",
         "vit dp2 (reference)",
@@ -219,10 +259,13 @@ def test_a_multi_device_row_gets_a_reference_row_for_its_verdicts_best_single_de
     assert added[2].cfg.train.lr == 0.01
 
     one = _entry("one", "quickstart", ["data.batch_size=32", "parallel.accumulate=2", "parallel.precision=bf16-mixed"],
-                 measure=True)  # fmt: skip
-    assert _references([one, dp2], [_measured_row("one", _report(best, "GO", 0.01, 0.01)), rows[0]], tmp_path) == []
+                 MEASURED)  # fmt: skip
+    assert (
+        _references([one, dp2], [_measured_row("one", _report(best, "GO", 0.01, 0.01)), rows[0]], tmp_path, MEASURED)
+        == []
+    )
     unmeasured = CompareRow("dp2", world_size=2, best_single=best.describe(), failure="crashed")
-    assert _references([dp2], [unmeasured], tmp_path) == []
+    assert _references([dp2], [unmeasured], tmp_path, MEASURED) == []
 
 
 def test_a_measured_row_reads_the_run_and_labels_its_bytes():

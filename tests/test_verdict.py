@@ -223,6 +223,9 @@ def test_candidates_cover_single_amp_accumulation_dp_compression_fsdp_and_chag()
     } <= described
     assert "4×gpu dp2 chag2 b64 acc2 32-true" in described
     assert not any(p.fsdp for p in candidate_plans(requested, 4))
+    # A rotating model cannot be sharded (Plan.validate): no FSDP layout, and no error (compare asks with FSDP on)
+    rotating = candidate_plans(requested.with_(rotation_groups=2), 4, chag_supported=True, include_fsdp=True)
+    assert rotating and not any(p.fsdp for p in rotating)
 
 
 def test_decide_needs_the_requested_prediction():

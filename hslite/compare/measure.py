@@ -35,6 +35,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from hslite.compare.chag_rule import judge_channel_groups
 from hslite.compare.report import write_reports
 from hslite.compare.rows import REFERENCE_SUFFIX, CompareOptions, CompareRow, check_labels
 from hslite.errors import ConfigError, HSLiteError
@@ -46,15 +47,17 @@ from hslite.run.folder import RunFolder
 
 WARMUP_STEPS = 2  # before them: lazy initialisation, DDP's first single-bucket step, the optimiser state's allocation
 MEASURE_OVERRIDES = (
+    "train.progress=false",
+    "output.save_map=false",
+    "preflight.enabled=true",  # the prediction of a measured row is the pre-flight fit runs before training
+    "preflight.enforce=false",
+)
+SHORT_OVERRIDES = (  # a timed run, not a training: every row but accuracy=true's
     "train.max_epochs=1000000",  # train.max_steps ends the run, however few batches an epoch has
     "train.limit_val_batches=1",
     "train.limit_test_batches=1",
-    "train.progress=false",
-    "output.save_map=false",
     "output.save_checkpoint=false",
     "train.refit=false",  # a row is timed on its first training: a refit would train it all again
-    "preflight.enabled=true",  # the prediction of a measured row is the pre-flight fit runs before training
-    "preflight.enforce=false",
 )
 
 
@@ -75,29 +78,36 @@ def run_compare(
         raise ConfigError("CompareOptions.rows is empty: give at least one RowSpec(label, recipe, overrides).")
     say = progress or (lambda line: None)
     # usage errors surface here, before any work
-    entries = [
-        _entry(row.label, row.recipe, [*options.overrides, *row.overrides], options.measure) for row in options.rows
-    ]
+    entries = [_entry(row.label, row.recipe, [*options.overrides, *row.overrides], options) for row in options.rows]
     check_labels([entry.label for entry in entries])
     with RunFolder(Path(entries[0].cfg.output.root) / "compare") as run:
         rows = []
         for index, entry in enumerate(entries):
             say(f"[{index + 1}/{len(entries)}] {entry.label}: {'measuring' if options.measure else 'predicting'}")
-            rows.append(_measured(entry, index, run.path, options.steps) if options.measure else _predicted(entry))
+            rows.append(_measured(entry, index, run.path, options) if options.measure else _predicted(entry))
         if options.measure and options.reference:
-            for entry in _references(entries, rows, run.path):
+            for entry in _references(entries, rows, run.path, options):
                 say(f"[reference] {entry.label}: measuring")
-                rows.append(_measured(entry, len(entries), run.path, options.steps))
+                rows.append(_measured(entry, len(entries), run.path, options))
                 entries.append(entry)
         measured = [row.measured_ecd is not None for row in rows]
-        _relate(rows, [_workload(e.cfg) if done else None for e, done in zip(entries, measured, strict=True)])
+        workloads = [_workload(e.cfg) if done else None for e, done in zip(entries, measured, strict=True)]
+        _relate(rows, workloads)
+        judge_channel_groups(rows, workloads)
         write_reports(run.path, rows, options)
     return rows, run.path
 
 
-def _entry(label: str | None, recipe: str, overrides: list[str], measure: bool) -> _Entry:
+def run_overrides(options: CompareOptions) -> list[str]:
+    """What a measured row's fit gets after its own overrides: short and timed, or (accuracy=true) trained through."""
+    if not options.measure:
+        return []
+    return [*MEASURE_OVERRIDES] if options.accuracy else [*MEASURE_OVERRIDES, *SHORT_OVERRIDES]
+
+
+def _entry(label: str | None, recipe: str, overrides: list[str], options: CompareOptions) -> _Entry:
     try:
-        cfg = load_config(recipe, [*overrides, *MEASURE_OVERRIDES] if measure else overrides)
+        cfg = load_config(recipe, [*overrides, *run_overrides(options)])
     except ConfigError as err:
         if label is None:  # a recipes= row: the error names its recipe already
             raise
@@ -120,13 +130,14 @@ def _predicted(entry: _Entry) -> CompareRow:
     return row
 
 
-def _measured(entry: _Entry, index: int, folder: Path, steps: int) -> CompareRow:
+def _measured(entry: _Entry, index: int, folder: Path, options: CompareOptions) -> CompareRow:
     # A folder per row: several rows may share a recipe, and fit writes <output.root>/<recipe>/<stamp>.
     slug = f"{index + 1:02d}-" + re.sub(r"[^\w.-]+", "-", entry.label).strip("-")
     root, log = folder / "runs" / slug, folder / "logs" / f"{slug}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "hslite.cli", "fit", f"recipe={entry.recipe}", *entry.overrides]
-    command += [*MEASURE_OVERRIDES, f"train.max_steps={steps + WARMUP_STEPS}", f"output.root={root}"]
+    command += [*run_overrides(options), f"output.root={root}"]
+    command += [] if options.accuracy else [f"train.max_steps={options.steps + WARMUP_STEPS}"]
     with log.open("w") as out:
         code = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, check=False).returncode
     row = CompareRow(entry.label, auto=entry.cfg.parallel.plan == "auto")
@@ -138,7 +149,7 @@ def _measured(entry: _Entry, index: int, folder: Path, steps: int) -> CompareRow
     metrics = json.loads((run_dir / "metrics.json").read_text())
     report = json.loads((run_dir / "preflight.json").read_text())
     row.add_prediction(report)
-    row.add_measurement(report, metrics)
+    row.add_measurement(report, metrics, whole=options.accuracy)
     row.run_dir = str(run_dir.relative_to(folder))  # the compare folder is renamed when it completes
     return row
 
@@ -179,7 +190,7 @@ def _best_single_plan(report: dict[str, Any]) -> Plan:
     return next(plan for plan in candidates if plan.describe() == report["best_single"])
 
 
-def _references(entries: list[_Entry], rows: list[CompareRow], folder: Path) -> list[_Entry]:
+def _references(entries: list[_Entry], rows: list[CompareRow], folder: Path, options: CompareOptions) -> list[_Entry]:
     """A row for each measured multi-device row's best single-device plan (its pre-flight's) that no row is."""
     have = {(_workload(e.cfg), row.plan) for e, row in zip(entries, rows, strict=True) if row.world_size == 1}
     added = []
@@ -193,7 +204,7 @@ def _references(entries: list[_Entry], rows: list[CompareRow], folder: Path) -> 
         plan = _best_single_plan(json.loads((folder / str(row.run_dir) / "preflight.json").read_text()))
         # Plan.overrides() is how auto_plan asks `hslite fit` for a plan; manual: an auto row's reference trains it
         overrides = [*entry.overrides, *plan.overrides().split(), "parallel.plan=manual"]
-        added.append(_entry(entry.label + REFERENCE_SUFFIX, entry.recipe, overrides, measure=True))
+        added.append(_entry(entry.label + REFERENCE_SUFFIX, entry.recipe, overrides, options))
     return added
 
 

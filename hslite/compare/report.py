@@ -20,8 +20,8 @@ if TYPE_CHECKING:
 
 BYTES_NOTE = (
     "comm_bytes_per_step: bytes one rank sends per optimiser step; 'counted' from the tensors hslite hands to "
-    "collectives (int8 hook, channel-group token exchange), 'computed' with the ring formula of DESIGN §3 (plain "
-    "DDP's gradient all-reduce, the bf16/fp16 hooks, FSDP's gathers and reduce-scatter)"
+    "collectives (int8 hook, channel-group token exchange, band groups' own gradients), 'computed' with the ring "
+    "formula of DESIGN §3 (plain DDP's gradient all-reduce, the bf16/fp16 hooks, FSDP's gathers and reduce-scatter)"
 )
 
 
@@ -133,6 +133,9 @@ def print_compare(rows: list[CompareRow], options: CompareOptions, folder: Path,
     print_table(rows, options.measure)
     if options.measure:
         print(summary_line(rows))
+    for row in rows:
+        if row.chag_rule:
+            print(f"channel groups, {row.label}: {row.chag_rule}")
     print(f"written: {folder}/compare.csv, compare.json, compare.png")
 
 

@@ -22,7 +22,7 @@ from hslite.errors import ConfigError
 from hslite.parallel.plan import Plan
 from hslite.recipe.config import list_recipes, parse_overrides
 
-OPTION_KEYS = ("recipes", "rows", "measure", "steps", "auto", "reference")
+OPTION_KEYS = ("recipes", "rows", "measure", "steps", "auto", "reference", "accuracy")
 DEFAULT_STEPS = 30  # timed optimiser steps per measured run: a median of 30 settles within a few percent here
 REFERENCE_SUFFIX = " (reference)"  # the label of a row compare adds for a plan's best single device
 ROW_KEYS = ("label", "recipe", "overrides")
@@ -48,6 +48,9 @@ class CompareOptions:
     # measure=true: fit each multi-device row's best single-device plan (its pre-flight's) when no row is that plan,
     # so that its measured efficiency has the reference its verdict was priced against; False leaves them out
     reference: bool = True
+    # measure=true: every row trains its recipe's whole schedule (not `steps` steps) and reports its test OA, so the
+    # channel-group rule (chag_rule.py) can check accuracy as well as speed
+    accuracy: bool = False
 
 
 @dataclass
@@ -57,6 +60,7 @@ class CompareRow:
     label: str
     auto: bool = False  # the plan is parallel.plan=auto's choice, not the recipe's layout
     plan: str | None = None
+    requested_plan: dict[str, Any] | None = None  # the Plan's fields, as preflight.json holds them
     world_size: int | None = None
     global_batch: int | None = None
     decision: str | None = None  # the pre-flight's GO / NO-GO / UNDECIDED
@@ -78,6 +82,10 @@ class CompareRow:
     memory_method: str | None = None
     comm_bytes_per_step: float | None = None  # per rank
     comm_bytes_source: str | None = None  # "counted", "computed" or both (parallel/usage.py)
+    test_oa: float | None = None  # accuracy=true: the whole training's test overall accuracy
+    plain_dp: str | None = None  # a channel-group row: the measured plain-DP row of its work (chag_rule.py)
+    step_gain: float | None = None  # 1 − its measured step / plain_dp's
+    chag_rule: str | None = None  # the seed's adopt-or-reject, in words
     run_dir: str | None = None  # the measured run, inside the compare folder
     failure: str | None = None
 
@@ -86,6 +94,7 @@ class CompareRow:
         plan = Plan(**report["requested_plan"])
         prediction = report["requested_prediction"]
         self.plan, self.world_size, self.global_batch = plan.describe(), plan.world_size, plan.global_batch
+        self.requested_plan = dict(report["requested_plan"])
         self.decision, self.predicted_efficiency = report["decision"], report["efficiency"]
         self.min_efficiency, self.best_single = report["min_efficiency"], report["best_single"]
         self.predicted_step_seconds = prediction.get("step_seconds")  # absent where compute was not priced
@@ -93,9 +102,13 @@ class CompareRow:
         self.predicted_ecd = prediction.get("ecd")
         self.predicted_memory_bytes = prediction["per_device_peak_bytes"]
 
-    def add_measurement(self, report: dict[str, Any], metrics: dict[str, Any]) -> None:
-        """Fill the measured columns from a finished run's preflight.json and metrics.json."""
+    def add_measurement(self, report: dict[str, Any], metrics: dict[str, Any], whole: bool = False) -> None:
+        """Fill the measured columns from a finished run's preflight.json and metrics.json.
+
+        `whole`: the run trained to the end (accuracy=true), so its test OA counts.
+        """
         plan, measured, usage = Plan(**report["requested_plan"]), report.get("measured"), metrics.get("usage", {})
+        self.test_oa = metrics.get("OA") if whole else None
         if measured is None:  # the compression guard changed the plan mid-run: no like-for-like step time
             self.failure = f"the plan changed during the run (ended as {metrics['plan_that_ran']}): not timed"
         else:
@@ -135,7 +148,7 @@ def check_labels(labels: list[str]) -> None:
 
 
 def parse_options(items: list[str]) -> CompareOptions:
-    """Split `hslite compare`'s own keys (recipes, rows, measure, steps, auto, reference) from the shared overrides."""
+    """Split `hslite compare`'s own keys (OPTION_KEYS) from the overrides every row shares."""
     pairs = parse_overrides(items)
     own = {key: value for key, value in pairs if key in OPTION_KEYS}
     if any(key == "recipe" for key, _ in pairs):
@@ -145,9 +158,11 @@ def parse_options(items: list[str]) -> CompareOptions:
             "`hslite compare` needs recipes=A,B,... (names, .yaml paths or patterns such as compare_cpu_*; see "
             "`hslite recipes`) or rows=FILE.yaml (a list of label, recipe and overrides)."
         )
-    for flag in ("measure", "reference"):
+    for flag in ("measure", "reference", "accuracy"):
         if own.get(flag, "true") not in ("true", "false"):
             raise ConfigError(f"{flag} must be true or false, got {own[flag]!r}.")
+    if own.get("accuracy") == "true" and own.get("measure") != "true":
+        raise ConfigError("accuracy=true trains every row to the end to compare accuracy: it needs measure=true.")
     steps = own.get("steps", str(DEFAULT_STEPS))
     if not steps.isdigit() or int(steps) < 1:
         raise ConfigError(f"steps must be a whole number ≥ 1 (timed optimiser steps per run), got {steps!r}.")
@@ -161,6 +176,7 @@ def parse_options(items: list[str]) -> CompareOptions:
         measure=own.get("measure") == "true",
         steps=int(steps),
         reference=own.get("reference") != "false",
+        accuracy=own.get("accuracy") == "true",
     )
 
 

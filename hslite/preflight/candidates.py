@@ -83,7 +83,8 @@ def candidate_plans(
                 accumulate=accumulate,
             )
             layouts = [base] + [base.with_(compression=c) for c in ("int8", "bf16")]
-            if include_fsdp and (nodes == 1 or per_layer_across_nodes):
+            # FSDP cannot shard a rotating model (Plan.validate): its inactive groups leave units without gradients
+            if include_fsdp and (nodes == 1 or per_layer_across_nodes) and not base.rotation_enabled:
                 layouts.append(base.with_(fsdp=True))
             if chag_supported:  # chag ranks share a batch, so each optimiser step needs chag× the accumulation
                 layouts += [

@@ -15,21 +15,28 @@ from hslite.preflight.costmodel import Prediction
 CHAG_ADOPT_GAIN = 0.05
 
 
-def against_plain_dp(plan: Plan, predictions: dict[Plan, Prediction]) -> dict[str, Any]:
-    """A channel-group plan against plain DP on its devices at its global batch (seed 001 §4.1 and §8.1).
+def dp_counterparts(plan: Plan) -> list[Plan]:
+    """Plain DP over a channel-group plan's devices at its global batch ([] without channel groups).
 
-    R_agg = (T_comm of DP − T_comm of the groups) / T_comp of the groups: > 0 is a net communication gain. The seed
-    adopts grouping only when the step is more than CHAG_ADOPT_GAIN faster at unchanged accuracy (`hslite compare
-    measure=true` checks the accuracy). None for plans without channel groups or without that DP counterpart.
+    The chag ranks' shared micro-batch split among them, or their accumulated micro-batches.
     """
-    # DP over the same devices at the same global batch: the chag ranks' shared micro-batch split among them, or
-    # their accumulated micro-batches
     counterparts = []
     if plan.chag_enabled and plan.batch_size % plan.chag == 0:
         counterparts.append(plan.with_(chag=1, batch_size=plan.batch_size // plan.chag))
     if plan.chag_enabled and plan.accumulate % plan.chag == 0:
         counterparts.append(plan.with_(chag=1, accumulate=plan.accumulate // plan.chag))
-    base = next((p for p in counterparts if p in predictions), None)
+    return counterparts
+
+
+def against_plain_dp(plan: Plan, predictions: dict[Plan, Prediction]) -> dict[str, Any]:
+    """A channel-group plan against plain DP on its devices at its global batch (seed 001 §4.1 and §8.1).
+
+    R_agg = (T_comm of DP − T_comm of the groups) / T_comp of the groups: > 0 is a net communication gain. The seed
+    adopts grouping only when the step is more than CHAG_ADOPT_GAIN faster at unchanged accuracy (`hslite compare
+    measure=true accuracy=true` checks the accuracy). None for plans without channel groups or without that DP
+    counterpart.
+    """
+    base = next((p for p in dp_counterparts(plan) if p in predictions), None)
     if base is None:
         return {"benefit_ratio": None, "step_gain": None, "clears_chag_rule": None, "plain_dp": None}
     ours, theirs = predictions[plan], predictions[base]
