@@ -3,6 +3,7 @@
     python benchmarks/preflight_fidelity.py            # the full matrix: 21 plans, and the references they lack
     python benchmarks/preflight_fidelity.py --quick    # 3 plans of the 1-D CNN (what the test runs)
     python benchmarks/preflight_fidelity.py --fresh    # every fit's pre-flight re-probes and re-measures its links
+    python benchmarks/preflight_fidelity.py --only fsdp  # the rows whose label holds "fsdp"
 
 Each plan is one fit of its own, so the full matrix takes a while on 2 cores; the run prints its rows' count and time.
 
@@ -103,12 +104,16 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="3 plans of the 1-D CNN, for the tests")
     parser.add_argument("--fresh", action="store_true", help="re-probe and re-measure links instead of the cache")
     parser.add_argument("--keep", metavar="DIR", help="keep the compare folder (runs, logs) under DIR (default: temp)")
+    parser.add_argument("--only", metavar="TEXT", help="the rows whose label holds TEXT (e.g. fsdp, chag2)")
     args = parser.parse_args()
 
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="hslite-fidelity-") as tmp:
         shared = [*COMMON_OVERRIDES, f"output.root={args.keep or tmp}", f"preflight.fresh={str(args.fresh).lower()}"]
-        cases = QUICK if args.quick else FULL
+        matrix = QUICK if args.quick else FULL
+        cases = [case for case in matrix if args.only is None or args.only in str(case.row().label)]
+        if not cases:
+            parser.error(f"--only {args.only!r} matches no row of the matrix")
         options = CompareOptions([case.row() for case in cases], shared, measure=True, steps=STEPS)
         rows, folder = run_compare(options, progress=lambda line: print(line, flush=True))
     print()

@@ -197,3 +197,29 @@ def test_fsdp_overhead_is_the_sharded_steps_time_beyond_the_plain_steps(monkeypa
     assert micro == pytest.approx(0.030 - 0.010) and optimizer == pytest.approx(0.005 - 0.001)
     assert len(timed_models) == 4 and all(isinstance(m, FSDPModule) for m in timed_models)  # FSDP's step is timed
     assert not torch.distributed.is_initialized()
+
+
+@pytest.mark.slow
+def test_fsdp_is_timed_with_the_plans_ranks_stepping_together_and_priced_from_it():
+    from hslite.models import get_model
+    from hslite.preflight import costmodel
+    from hslite.preflight.measurements import LinkModel
+
+    def factory() -> nn.Module:
+        return get_model("cnn1d", in_bands=32, num_classes=4, patch_size=1)
+
+    def batch(b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(b, 32, 1, 1), torch.randint(0, 4, (b,))
+
+    result = probe_model(factory, batch, batch_size=16, precision="32-true", threads=1, measure_fsdp=True,
+                         concurrent_ranks=2)  # fmt: skip
+    micro, optimizer = result.fsdp_micro_together_seconds, result.fsdp_optimizer_together_seconds
+    assert micro is not None and optimizer is not None and 0 < micro < 1 and 0 < optimizer < 1
+    link = LinkModel(1e-4, 1e9)  # the measurement holds the collectives: the link no longer prices them
+    plan = Plan(devices=2, batch_size=16, accumulate=2, fsdp=True)
+    priced = costmodel.predict(plan, result, link, 2**34)
+    assert priced.comm_seconds == 0.0
+    assert priced.compute_seconds == pytest.approx(2 * (micro + result.data_seconds) + optimizer)
+    assert any("2 ranks stepping together" in note for note in priced.notes)
+    # Another rank count than was timed falls back to the one-rank overhead and the ring formulas
+    assert costmodel.predict(plan.with_(devices=4, batch_size=16, accumulate=1), result, link, 2**34).comm_seconds > 0

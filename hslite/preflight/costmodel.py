@@ -117,6 +117,15 @@ def _compute_seconds(plan: Plan, probe: ProbeResult, chag: int, shards: int) -> 
     return plan.accumulate * (fb_seconds + data_seconds) + optimizer_seconds, fb_seconds * backward_share
 
 
+def _fsdp_together_seconds(plan: Plan, probe: ProbeResult) -> float | None:
+    """An FSDP CPU plan's step from its ranks timed stepping together (fsdp_together.py); None where not measured."""
+    micro, optimizer = probe.fsdp_micro_together_seconds, probe.fsdp_optimizer_together_seconds
+    measured_here = probe.contention_ranks == plan.devices and probe.batch_size == plan.batch_size
+    if not (plan.fsdp and plan.accelerator == "cpu" and measured_here) or micro is None or optimizer is None:
+        return None
+    return plan.accumulate * (micro + probe.data_seconds) + optimizer
+
+
 def predict(
     plan: Plan,
     probe: ProbeResult,
@@ -143,11 +152,17 @@ def predict(
     notes = _extrapolation_notes(plan, probe)
     oversubscription, cores = _cpu_sharing(plan, probe, cpu_cores, notes)
     shards = plan.dp if plan.fsdp else 1
-    compute_seconds, backward_seconds = (oversubscription * s for s in _compute_seconds(plan, probe, plan.chag, shards))
-    compute_seconds *= tail_factor(probe.step_seconds_samples, plan.world_size, plan.accumulate)  # the slowest rank
-    straggler = tail_note(probe.step_seconds_samples, plan.world_size, plan.accumulate)
-    notes.extend([straggler] if straggler else [])
-    exposed_seconds = comm_seconds(plan, probe, link, chag_link, backward_seconds, ring_factor_exact, notes)
+    together = _fsdp_together_seconds(plan, probe)
+    if together is not None:  # measured as it runs: compute, sharing, collectives and the waits between ranks
+        compute_seconds, exposed_seconds = together, 0.0
+        notes.append(f"FSDP step measured with its {plan.devices} ranks stepping together, collectives included")
+    else:
+        compute_seconds, backward_seconds = (oversubscription * s for s in _compute_seconds(plan, probe, plan.chag,
+                                                                                          shards))  # fmt: skip
+        compute_seconds *= tail_factor(probe.step_seconds_samples, plan.world_size, plan.accumulate)  # slowest rank
+        straggler = tail_note(probe.step_seconds_samples, plan.world_size, plan.accumulate)
+        notes.extend([straggler] if straggler else [])
+        exposed_seconds = comm_seconds(plan, probe, link, chag_link, backward_seconds, ring_factor_exact, notes)
     exposed_seconds += _quantise_seconds(plan, probe, notes)
     regime = comm_regime(plan, probe, link, chag_link, ring_factor_exact, exposed_seconds, compute_seconds)
     _unpriced_notes(plan, probe, notes)

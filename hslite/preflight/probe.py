@@ -26,6 +26,7 @@ from hslite.parallel.plan import PRECISIONS, Plan, threads_per_process
 from hslite.preflight.activations import measure_tokenizer
 from hslite.preflight.contention import measure_contention
 from hslite.preflight.feature_costs import int8_seconds_per_byte, measure_fsdp_overhead
+from hslite.preflight.fsdp_together import measure_fsdp_together
 from hslite.preflight.measurements import ProbeResult
 from hslite.preflight.step_timing import device_label, measure_steps
 from hslite.preflight.timers import cuda_math
@@ -84,14 +85,17 @@ def probe_model(
 
     The step is `step`'s: its loss on a batch of `make_batch(b)` and its optimiser (hslite's classifier step by
     default, a LightningModule's own through `lightning_step.lightning_workload`).
-    Times are medians of `steps` after `warmup`, at `batch_size` and at half of it (for c0/c1); the timed loop stops
-    early once `budget_seconds` is spent. With `band_group_sizes` (a band-group model) the share of forward time
+    Times are medians of `steps` after `warmup` (at `batch_size`, up to TAIL_STEPS for the step-time distribution,
+    `step_seconds_samples`), at `batch_size` and at half of it (for c0/c1); the timed loop stops early once
+    `budget_seconds` is spent. With `band_group_sizes` (a band-group model) the share of forward time
     and of activation bytes of its per-group work (`encode_group`, which channel groups split) is measured, and
     its outputs, summed over its calls, are the group-token size per sample. `concurrent_ranks` > 1 on
     CPU also measures how much slower a step runs with that many ranks at once (`measure_contention`), the
-    spawned processes needing the caller's `if __name__ == "__main__":` guard. On CUDA every step is timed with
-    `tf32` and `cudnn_benchmark` set as training sets them (the process's own settings come back after), and the
-    allocator's cache is emptied once measured (`_release_cuda_memory`). `fresh=True` re-measures.
+    spawned processes needing the caller's `if __name__ == "__main__":` guard; with `measure_fsdp` too, the FSDP
+    step of that many ranks sharded over one gloo group and stepping together (`measure_fsdp_together`). On CUDA
+    every step is timed with `tf32` and `cudnn_benchmark` set as training sets them (the process's own settings
+    come back after), and the allocator's cache is emptied once measured (`_release_cuda_memory`). `fresh=True`
+    re-measures.
     """
     if precision not in PRECISIONS:
         raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}.")
@@ -138,6 +142,11 @@ def probe_model(
                 model = model_factory().to(dev).train()
                 result.chag_fraction = measure_tokenizer(result, model, make_batch, precision, dev, step)
                 result.band_group_sizes = band_group_sizes
+            if measure_fsdp and dev.type == "cpu" and concurrent_ranks > 1:
+                result.fsdp_micro_together_seconds, result.fsdp_optimizer_together_seconds = measure_fsdp_together(
+                    model_factory(), make_batch(batch_size), ranks=concurrent_ranks, threads=torch.get_num_threads(),
+                    precision=precision, step=step, warmup=warmup, steps=steps,
+                )  # fmt: skip
             if dev.type == "cpu" and concurrent_ranks > 1:
                 alone_seconds = result.forward_seconds + result.backward_seconds + result.optimizer_seconds
                 result.contention = measure_contention(model_factory(), make_batch(batch_size), ranks=concurrent_ranks,
