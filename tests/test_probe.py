@@ -200,7 +200,7 @@ def test_fsdp_overhead_is_the_sharded_steps_time_beyond_the_plain_steps(monkeypa
 
 
 @pytest.mark.slow
-def test_fsdp_is_timed_with_the_plans_ranks_stepping_together_and_priced_from_it():
+def test_ddp_and_fsdp_are_timed_with_the_plans_ranks_stepping_together_and_priced_from_it():
     from hslite.models import get_model
     from hslite.preflight import costmodel
     from hslite.preflight.measurements import LinkModel
@@ -213,13 +213,18 @@ def test_fsdp_is_timed_with_the_plans_ranks_stepping_together_and_priced_from_it
 
     result = probe_model(factory, batch, batch_size=16, precision="32-true", threads=1, measure_fsdp=True,
                          concurrent_ranks=2)  # fmt: skip
-    micro, optimizer = result.fsdp_micro_together_seconds, result.fsdp_optimizer_together_seconds
-    assert micro is not None and optimizer is not None and 0 < micro < 1 and 0 < optimizer < 1
-    link = LinkModel(1e-4, 1e9)  # the measurement holds the collectives: the link no longer prices them
-    plan = Plan(devices=2, batch_size=16, accumulate=2, fsdp=True)
-    priced = costmodel.predict(plan, result, link, 2**34)
-    assert priced.comm_seconds == 0.0
-    assert priced.compute_seconds == pytest.approx(2 * (micro + result.data_seconds) + optimizer)
-    assert any("2 ranks stepping together" in note for note in priced.notes)
-    # Another rank count than was timed falls back to the one-rank overhead and the ring formulas
-    assert costmodel.predict(plan.with_(devices=4, batch_size=16, accumulate=1), result, link, 2**34).comm_seconds > 0
+    assert result.fsdp_together_seconds is not None and result.ddp_together_seconds is not None
+    synced, accumulated, ddp_optimizer = result.ddp_together_seconds
+    micro, optimizer = result.fsdp_together_seconds
+    assert all(0 < seconds < 1 for seconds in (synced, accumulated, ddp_optimizer, micro, optimizer))
+    link = LinkModel(1e-4, 1e9)  # the measurements hold the collectives: the link no longer prices them
+    data = result.data_seconds
+    sharded = costmodel.predict(Plan(devices=2, batch_size=16, accumulate=2, fsdp=True), result, link, 2**34)
+    assert sharded.comm_seconds == 0.0
+    assert sharded.compute_seconds == pytest.approx(2 * (micro + data) + optimizer)
+    assert any("2 ranks stepping together" in note for note in sharded.notes)
+    ddp = costmodel.predict(Plan(devices=2, batch_size=16, accumulate=3), result, link, 2**34)
+    assert ddp.compute_seconds == pytest.approx(2 * (accumulated + data) + synced + data + ddp_optimizer)
+    # Another rank count or a compressed all-reduce than was timed: priced from the parts and the ring formulas
+    assert costmodel.predict(Plan(devices=4, batch_size=16), result, link, 2**34).comm_seconds > 0
+    assert costmodel.predict(Plan(devices=2, batch_size=16, compression="bf16"), result, link, 2**34).comm_seconds > 0

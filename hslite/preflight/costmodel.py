@@ -117,13 +117,23 @@ def _compute_seconds(plan: Plan, probe: ProbeResult, chag: int, shards: int) -> 
     return plan.accumulate * (fb_seconds + data_seconds) + optimizer_seconds, fb_seconds * backward_share
 
 
-def _fsdp_together_seconds(plan: Plan, probe: ProbeResult) -> float | None:
-    """An FSDP CPU plan's step from its ranks timed stepping together (fsdp_together.py); None where not measured."""
-    micro, optimizer = probe.fsdp_micro_together_seconds, probe.fsdp_optimizer_together_seconds
-    measured_here = probe.contention_ranks == plan.devices and probe.batch_size == plan.batch_size
-    if not (plan.fsdp and plan.accelerator == "cpu" and measured_here) or micro is None or optimizer is None:
+def _together_seconds(plan: Plan, probe: ProbeResult) -> float | None:
+    """A CPU plan's step from its ranks timed stepping together (ranks_together.py), or None: priced from parts.
+
+    Plain DDP or FSDP at the probed batch on as many ranks; compression, channel groups and rotation are priced
+    from their parts.
+    """
+    if plan.accelerator != "cpu" or probe.contention_ranks != plan.devices or probe.batch_size != plan.batch_size:
         return None
-    return plan.accumulate * (micro + probe.data_seconds) + optimizer
+    data = probe.data_seconds
+    if plan.fsdp and probe.fsdp_together_seconds:
+        micro, optimizer = probe.fsdp_together_seconds
+        return plan.accumulate * (micro + data) + optimizer
+    plain = not plan.chag_enabled and plan.compression == "none" and not plan.rotation_enabled
+    if plain and probe.ddp_together_seconds:
+        synced, accumulated, optimizer = probe.ddp_together_seconds
+        return (plan.accumulate - 1) * (accumulated + data) + synced + data + optimizer
+    return None
 
 
 def predict(
@@ -152,10 +162,10 @@ def predict(
     notes = _extrapolation_notes(plan, probe)
     oversubscription, cores = _cpu_sharing(plan, probe, cpu_cores, notes)
     shards = plan.dp if plan.fsdp else 1
-    together = _fsdp_together_seconds(plan, probe)
+    together = _together_seconds(plan, probe) if plan.world_size > 1 else None
     if together is not None:  # measured as it runs: compute, sharing, collectives and the waits between ranks
         compute_seconds, exposed_seconds = together, 0.0
-        notes.append(f"FSDP step measured with its {plan.devices} ranks stepping together, collectives included")
+        notes.append(f"step measured with its {plan.devices} ranks stepping together, collectives included")
     else:
         compute_seconds, backward_seconds = (oversubscription * s for s in _compute_seconds(plan, probe, plan.chag,
                                                                                           shards))  # fmt: skip

@@ -69,10 +69,10 @@ class ProbeResult(Footprint):
     # FSDP2's own cost on one rank (hooks, copy-in/out, DTensor dispatch) beyond the plain step; None: not measured
     fsdp_micro_overhead_seconds: float | None = None  # per micro-step, forward + backward
     fsdp_optimizer_overhead_seconds: float | None = None  # per optimiser step
-    # CPU: FSDP's micro-step (forward + backward, collectives included) and optimiser step of the slowest of
-    # `contention_ranks` ranks sharded over one gloo group and stepping together (fsdp_together.py)
-    fsdp_micro_together_seconds: float | None = None
-    fsdp_optimizer_together_seconds: float | None = None
+    # CPU, the slowest of `contention_ranks` ranks stepping together over one gloo group (ranks_together.py): DDP's
+    # [all-reducing micro-step, no_sync micro-step, optimiser step] and FSDP's [micro-step, optimiser step]
+    ddp_together_seconds: list[float] | None = None
+    fsdp_together_seconds: list[float] | None = None
     contention_ranks: int = 1
     # Every timed step at `batch_size` (forward + backward + optimiser), sorted: the distribution tail.py prices
     # the slowest rank from

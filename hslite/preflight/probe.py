@@ -24,10 +24,9 @@ from hslite.cache import read_cache, write_cache
 from hslite.errors import ConfigError
 from hslite.parallel.plan import PRECISIONS, Plan, threads_per_process
 from hslite.preflight.activations import measure_tokenizer
-from hslite.preflight.contention import measure_contention
 from hslite.preflight.feature_costs import int8_seconds_per_byte, measure_fsdp_overhead
-from hslite.preflight.fsdp_together import measure_fsdp_together
 from hslite.preflight.measurements import ProbeResult
+from hslite.preflight.ranks_together import measure_together
 from hslite.preflight.step_timing import device_label, measure_steps
 from hslite.preflight.timers import cuda_math
 from hslite.preflight.training_step import CLASSIFIER_STEP, TrainingStep
@@ -42,7 +41,7 @@ def probe_for_plans(
     """A `probe_for` for `run_preflight`: probes at the plan's batch and precision.
 
     GPU plans are probed on PROBE_DEVICE with the plan's TF32 and cuDNN-benchmark settings, CPU plans with the
-    threads one rank gets and with the plan's ranks stepping at once, for their contention (`measure_contention`).
+    threads one rank gets and with the plan's ranks stepping at once (`ranks_together.measure_together`).
     `probe_kwargs` go to `probe_model`
     (cache_key, fresh, steps, measure_compression, measure_fsdp, band_group_sizes, step, ...).
     """
@@ -90,9 +89,9 @@ def probe_model(
     `budget_seconds` is spent. With `band_group_sizes` (a band-group model) the share of forward time
     and of activation bytes of its per-group work (`encode_group`, which channel groups split) is measured, and
     its outputs, summed over its calls, are the group-token size per sample. `concurrent_ranks` > 1 on
-    CPU also measures how much slower a step runs with that many ranks at once (`measure_contention`), the
-    spawned processes needing the caller's `if __name__ == "__main__":` guard; with `measure_fsdp` too, the FSDP
-    step of that many ranks sharded over one gloo group and stepping together (`measure_fsdp_together`). On CUDA
+    CPU also times that many ranks stepping at once (`ranks_together.measure_together`: how much slower the plain
+    step runs beside the others, DDP's steps over their gloo group and, with `measure_fsdp`, FSDP's), the spawned
+    processes needing the caller's `if __name__ == "__main__":` guard. On CUDA
     every step is timed with `tf32` and `cudnn_benchmark` set as training sets them (the process's own settings
     come back after), and the allocator's cache is emptied once measured (`_release_cuda_memory`). `fresh=True`
     re-measures.
@@ -142,18 +141,15 @@ def probe_model(
                 model = model_factory().to(dev).train()
                 result.chag_fraction = measure_tokenizer(result, model, make_batch, precision, dev, step)
                 result.band_group_sizes = band_group_sizes
-            if measure_fsdp and dev.type == "cpu" and concurrent_ranks > 1:
-                result.fsdp_micro_together_seconds, result.fsdp_optimizer_together_seconds = measure_fsdp_together(
-                    model_factory(), make_batch(batch_size), ranks=concurrent_ranks, threads=torch.get_num_threads(),
-                    precision=precision, step=step, warmup=warmup, steps=steps,
-                )  # fmt: skip
             if dev.type == "cpu" and concurrent_ranks > 1:
                 alone_seconds = result.forward_seconds + result.backward_seconds + result.optimizer_seconds
-                result.contention = measure_contention(model_factory(), make_batch(batch_size), ranks=concurrent_ranks,
-                                                       threads=torch.get_num_threads(), precision=precision,
-                                                       alone_seconds=alone_seconds, step=step, warmup=warmup,
-                                                       steps=steps)  # fmt: skip
-                result.contention_ranks = concurrent_ranks
+                together = measure_together(model_factory(), make_batch(batch_size), ranks=concurrent_ranks,
+                                            threads=torch.get_num_threads(), precision=precision,
+                                            alone_seconds=alone_seconds, fsdp=measure_fsdp, step=step, warmup=warmup,
+                                            steps=steps)  # fmt: skip
+                result.contention, result.contention_ranks = together.contention, concurrent_ranks
+                result.ddp_together_seconds = list(together.ddp)
+                result.fsdp_together_seconds = list(together.fsdp) if together.fsdp else None
     finally:
         torch.set_num_threads(previous_threads)
     if cache_key is not None:

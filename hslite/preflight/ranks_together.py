@@ -1,0 +1,169 @@
+"""A CPU plan's ranks timed as the plan runs them: N processes on this box, stepping at once, over one gloo group.
+
+CPU ranks share more than cores: the caches and the memory bandwidth, and gloo's own threads run on the cores the
+ranks compute on, so an all-reduce that a GPU hides under backward takes a CPU rank's compute time here, and every
+collective waits for the slowest rank. Priced from one rank alone plus the ring formulas, those costs are missing
+(CPU plans came out 12-48 % fast). So the probe spawns the plan's N ranks and, in one spawn:
+
+1. `contention`: each times the plain step with no process group, all at once (a barrier after warm-up) for
+   `window_seconds` at least so that they overlap even when a step takes a millisecond; the slowest rank's median
+   over the same step alone is how much slower compute runs beside the others (it prices every layout of N ranks);
+2. DDP: the model in DistributedDataParallel over the N ranks' gloo group, as `hslite fit` wraps it: the slowest
+   rank's median micro-step that all-reduces (forward, backward, the bucketed all-reduce), one under no_sync (what
+   an accumulated micro-step costs) and the optimiser step: plain DDP at this batch, priced as measured;
+3. FSDP (when asked): the model sharded with hslite's policy (`fsdp_policy.shard_model`) over the same group, its
+   micro-step (gathers and reduce-scatter included) and optimiser step.
+
+The spawned processes need the caller's `if __name__ == "__main__":` guard.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from hslite.allocator import keep_freed_memory
+from hslite.preflight.step_timing import timed_step
+from hslite.preflight.training_step import CLASSIFIER_STEP, TrainingStep
+
+
+@dataclass(frozen=True)
+class Together:
+    """What the slowest of N CPU ranks measured stepping at once (seconds; see the module notes)."""
+
+    contention: float  # times slower the plain step runs beside the others than alone, at least 1
+    ddp: tuple[float, float, float]  # (all-reducing micro-step, no_sync micro-step, optimiser step)
+    fsdp: tuple[float, float] | None  # (micro-step, optimiser step); None when not asked
+
+
+def measure_together(
+    model: nn.Module,
+    batch: Any,
+    *,
+    ranks: int,
+    threads: int,
+    precision: str,
+    alone_seconds: float,
+    fsdp: bool = False,
+    step: TrainingStep = CLASSIFIER_STEP,
+    warmup: int = 2,
+    steps: int = 5,
+    window_seconds: float = 0.5,
+) -> Together:
+    """Time `model` on `batch` in `ranks` spawned CPU ranks with `threads` threads each (module notes, 1-3).
+
+    `alone_seconds` is the plain step in one process with the same threads: the contention factor's denominator.
+    """
+    context = torch.multiprocessing.get_context("spawn")
+    barrier, results = context.Barrier(ranks), context.SimpleQueue()
+    with tempfile.TemporaryDirectory() as folder:
+        init_file = os.path.join(folder, "init")
+        settings = (threads, precision, step, warmup, steps, window_seconds, fsdp)
+        args = (ranks, init_file, model, batch, settings, barrier, results)
+        torch.multiprocessing.start_processes(_rank, args=args, nprocs=ranks, start_method="spawn")
+        measured = [results.get() for _ in range(ranks)]
+    slowest = [max(column) for column in zip(*measured, strict=True)]
+    return Together(
+        contention=max(1.0, slowest[0] / alone_seconds),
+        ddp=(slowest[1], slowest[2], slowest[3]),
+        fsdp=(slowest[4], slowest[5]) if fsdp else None,
+    )
+
+
+def _rank(
+    rank: int, ranks: int, init_file: str, model: nn.Module, batch: Any, settings: tuple, barrier: Any, results: Any
+) -> None:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from hslite.parallel.fsdp_policy import shard_model
+
+    threads, precision, step, warmup, steps, window_seconds, fsdp = settings
+    torch.set_num_threads(threads)
+    keep_freed_memory()
+    dev = torch.device("cpu")
+    sharded = copy.deepcopy(model) if fsdp else None
+    model.train()
+    optimizer = step.optimizer(model)
+
+    def one_step(module: nn.Module, optimiser: Any) -> list[float]:
+        return timed_step(module, optimiser, batch, precision, dev, step)
+
+    for _ in range(warmup):
+        one_step(model, optimizer)
+    barrier.wait()
+    alone: list[float] = []
+    end = time.monotonic() + window_seconds
+    while len(alone) < steps or time.monotonic() < end:
+        alone.append(sum(one_step(model, optimizer)))
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=ranks, timeout=timedelta(seconds=120)
+    )
+    try:
+        ddp = DistributedDataParallel(_StepForward(model, step.loss))
+        ddp_step = replace(step, loss=_forward)
+
+        def ddp_one_step() -> list[float]:
+            return timed_step(ddp, optimizer, batch, precision, dev, ddp_step)
+
+        for _ in range(warmup):
+            ddp_one_step()
+        dist.barrier()  # every rank's timed steps overlap the others'
+        synced = [ddp_one_step() for _ in range(steps)]
+        with ddp.no_sync():
+            accumulated = [ddp_one_step()[:2] for _ in range(steps)]
+        micro, optimizer_seconds = _micro_and_optimizer(synced)
+        figures = [statistics.median(alone), micro, _median_sum(accumulated), optimizer_seconds]
+        if sharded is not None:
+            shard_model(sharded.train(), _mesh(ranks), precision)
+            sharded_optimizer = step.optimizer(sharded)
+            for _ in range(warmup):
+                one_step(sharded, sharded_optimizer)
+            dist.barrier()
+            figures += _micro_and_optimizer([one_step(sharded, sharded_optimizer) for _ in range(steps)])
+        else:
+            figures += [0.0, 0.0]
+        dist.barrier()  # no rank tears the group down while a peer's last collective is still in flight
+    finally:
+        dist.destroy_process_group()
+    results.put(figures)
+
+
+class _StepForward(nn.Module):
+    """The step's loss as a forward, so DDP wraps what the step runs (a LightningModule's training_step as well)."""
+
+    def __init__(self, module: nn.Module, loss: Any) -> None:
+        super().__init__()
+        self.module, self.step_loss = module, loss
+
+    def forward(self, batch: Any) -> Tensor:
+        return self.step_loss(self.module, batch)
+
+
+def _forward(module: nn.Module, batch: Any) -> Tensor:
+    return module(batch)
+
+
+def _mesh(ranks: int) -> Any:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("cpu", (ranks,))
+
+
+def _micro_and_optimizer(timed: list[list[float]]) -> list[float]:
+    forward, backward, optimizer_step = (statistics.median(column) for column in zip(*timed, strict=True))
+    return [forward + backward, optimizer_step]
+
+
+def _median_sum(timed: list[list[float]]) -> float:
+    return statistics.median(sum(parts) for parts in timed)
