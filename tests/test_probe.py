@@ -228,3 +228,28 @@ def test_ddp_and_fsdp_are_timed_with_the_plans_ranks_stepping_together_and_price
     # Another rank count or a compressed all-reduce than was timed: priced from the parts and the ring formulas
     assert costmodel.predict(Plan(devices=4, batch_size=16), result, link, 2**34).comm_seconds > 0
     assert costmodel.predict(Plan(devices=2, batch_size=16, compression="bf16"), result, link, 2**34).comm_seconds > 0
+
+
+@pytest.mark.slow
+def test_channel_groups_are_timed_with_the_ranks_stepping_together_as_the_strategy_runs_them():
+    from hslite.models import get_model
+    from hslite.preflight import costmodel
+    from hslite.preflight.measurements import LinkModel
+
+    def factory() -> nn.Module:
+        return get_model("channel_vit", in_bands=32, num_classes=4, patch_size=3)
+
+    def batch(b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(b, 32, 3, 3), torch.randint(0, 4, (b,))
+
+    sizes = [stop - start for start, stop in factory().band_groups]
+    result = probe_model(factory, batch, batch_size=8, precision="32-true", threads=1, concurrent_ranks=2,
+                         band_group_sizes=sizes)  # fmt: skip
+    assert result.chag_together_seconds is not None
+    micro, optimizer = result.chag_together_seconds
+    assert 0 < micro < 1 and 0 < optimizer < 1
+    priced = costmodel.predict(Plan(devices=2, chag=2, batch_size=8), result, LinkModel(1e-4, 1e9), 2**34)
+    assert priced.compute_seconds == pytest.approx(micro + result.data_seconds + optimizer) and priced.comm_seconds == 0
+    # dp 2 × chag 2, or accumulation, were not timed: priced from the parts
+    assert costmodel.predict(Plan(devices=2, chag=2, batch_size=8, accumulate=2), result, LinkModel(1e-4, 1e9),
+                             2**34).comm_seconds > 0  # fmt: skip

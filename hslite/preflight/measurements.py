@@ -73,6 +73,7 @@ class ProbeResult(Footprint):
     # [all-reducing micro-step, no_sync micro-step, optimiser step] and FSDP's [micro-step, optimiser step]
     ddp_together_seconds: list[float] | None = None
     fsdp_together_seconds: list[float] | None = None
+    chag_together_seconds: list[float] | None = None  # channel groups over all the ranks (dp 1): [micro, optimiser]
     contention_ranks: int = 1
     # Every timed step at `batch_size` (forward + backward + optimiser), sorted: the distribution tail.py prices
     # the slowest rank from

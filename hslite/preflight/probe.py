@@ -145,11 +145,13 @@ def probe_model(
                 alone_seconds = result.forward_seconds + result.backward_seconds + result.optimizer_seconds
                 together = measure_together(model_factory(), make_batch(batch_size), ranks=concurrent_ranks,
                                             threads=torch.get_num_threads(), precision=precision,
-                                            alone_seconds=alone_seconds, fsdp=measure_fsdp, step=step, warmup=warmup,
+                                            alone_seconds=alone_seconds, fsdp=measure_fsdp,
+                                            band_group_sizes=band_group_sizes, step=step, warmup=warmup,
                                             steps=steps)  # fmt: skip
                 result.contention, result.contention_ranks = together.contention, concurrent_ranks
                 result.ddp_together_seconds = list(together.ddp)
                 result.fsdp_together_seconds = list(together.fsdp) if together.fsdp else None
+                result.chag_together_seconds = list(together.chag) if together.chag else None
     finally:
         torch.set_num_threads(previous_threads)
     if cache_key is not None:

@@ -12,7 +12,9 @@ collective waits for the slowest rank. Priced from one rank alone plus the ring 
    rank's median micro-step that all-reduces (forward, backward, the bucketed all-reduce), one under no_sync (what
    an accumulated micro-step costs) and the optimiser step: plain DDP at this batch, priced as measured;
 3. FSDP (when asked): the model sharded with hslite's policy (`fsdp_policy.shard_model`) over the same group, its
-   micro-step (gathers and reduce-scatter included) and optimiser step.
+   micro-step (gathers and reduce-scatter included) and optimiser step;
+4. channel groups (a band-group model whose groups the ranks divide): every rank a chag rank (`chag_together`),
+   its micro-step and optimiser step.
 
 The spawned processes need the caller's `if __name__ == "__main__":` guard.
 """
@@ -32,6 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from hslite.allocator import keep_freed_memory
+from hslite.preflight.chag_together import chag_measurable, chag_step
 from hslite.preflight.step_timing import timed_step
 from hslite.preflight.training_step import CLASSIFIER_STEP, TrainingStep
 
@@ -43,6 +46,7 @@ class Together:
     contention: float  # times slower the plain step runs beside the others than alone, at least 1
     ddp: tuple[float, float, float]  # (all-reducing micro-step, no_sync micro-step, optimiser step)
     fsdp: tuple[float, float] | None  # (micro-step, optimiser step); None when not asked
+    chag: tuple[float, float] | None  # channel groups over all the ranks (dp 1): (micro-step, optimiser step)
 
 
 def measure_together(
@@ -54,6 +58,7 @@ def measure_together(
     precision: str,
     alone_seconds: float,
     fsdp: bool = False,
+    band_group_sizes: list[int] | None = None,
     step: TrainingStep = CLASSIFIER_STEP,
     warmup: int = 2,
     steps: int = 5,
@@ -67,7 +72,8 @@ def measure_together(
     barrier, results = context.Barrier(ranks), context.SimpleQueue()
     with tempfile.TemporaryDirectory() as folder:
         init_file = os.path.join(folder, "init")
-        settings = (threads, precision, step, warmup, steps, window_seconds, fsdp)
+        chag = chag_measurable(step, band_group_sizes, ranks)
+        settings = (threads, precision, step, warmup, steps, window_seconds, fsdp, band_group_sizes if chag else None)
         args = (ranks, init_file, model, batch, settings, barrier, results)
         torch.multiprocessing.start_processes(_rank, args=args, nprocs=ranks, start_method="spawn")
         measured = [results.get() for _ in range(ranks)]
@@ -76,6 +82,7 @@ def measure_together(
         contention=max(1.0, slowest[0] / alone_seconds),
         ddp=(slowest[1], slowest[2], slowest[3]),
         fsdp=(slowest[4], slowest[5]) if fsdp else None,
+        chag=(slowest[6], slowest[7]) if chag else None,
     )
 
 
@@ -87,11 +94,11 @@ def _rank(
 
     from hslite.parallel.fsdp_policy import shard_model
 
-    threads, precision, step, warmup, steps, window_seconds, fsdp = settings
+    threads, precision, step, warmup, steps, window_seconds, fsdp, band_group_sizes = settings
     torch.set_num_threads(threads)
     keep_freed_memory()
     dev = torch.device("cpu")
-    sharded = copy.deepcopy(model) if fsdp else None
+    pristine = copy.deepcopy(model)  # for the layouts after DDP, which hooks the model's parameters
     model.train()
     optimizer = step.optimizer(model)
 
@@ -124,13 +131,19 @@ def _rank(
             accumulated = [ddp_one_step()[:2] for _ in range(steps)]
         micro, optimizer_seconds = _micro_and_optimizer(synced)
         figures = [statistics.median(alone), micro, _median_sum(accumulated), optimizer_seconds]
-        if sharded is not None:
-            shard_model(sharded.train(), _mesh(ranks), precision)
+        if fsdp:
+            sharded = copy.deepcopy(pristine).train()
+            shard_model(sharded, _mesh(ranks), precision)
             sharded_optimizer = step.optimizer(sharded)
-            for _ in range(warmup):
-                one_step(sharded, sharded_optimizer)
-            dist.barrier()
-            figures += _micro_and_optimizer([one_step(sharded, sharded_optimizer) for _ in range(steps)])
+            figures += _timed_together(lambda: one_step(sharded, sharded_optimizer), warmup, steps)
+        else:
+            figures += [0.0, 0.0]
+        if band_group_sizes:
+            grouped, grouped_optimizer = chag_step(pristine, band_group_sizes, rank, ranks)
+            grouped_step = replace(step, loss=_forward)
+            figures += _timed_together(
+                lambda: timed_step(grouped, grouped_optimizer, batch, precision, dev, grouped_step), warmup, steps
+            )
         else:
             figures += [0.0, 0.0]
         dist.barrier()  # no rank tears the group down while a peer's last collective is still in flight
@@ -152,6 +165,15 @@ class _StepForward(nn.Module):
 
 def _forward(module: nn.Module, batch: Any) -> Tensor:
     return module(batch)
+
+
+def _timed_together(one_step: Any, warmup: int, steps: int) -> list[float]:
+    import torch.distributed as dist
+
+    for _ in range(warmup):
+        one_step()
+    dist.barrier()  # every rank's timed steps overlap the others'
+    return _micro_and_optimizer([one_step() for _ in range(steps)])
 
 
 def _mesh(ranks: int) -> Any:
