@@ -181,6 +181,7 @@ def test_a_channel_group_row_is_adopted_only_when_over_5_percent_faster_than_pla
         (0.0097, 0.90, 0.90): "reject:",  # 3 % faster: not worth a second communicator
         (0.0090, 0.85, 0.90): "reject:",  # faster, but 5 points of OA lost
         (0.0090, None, None): "faster:",  # short fits: accuracy not checked
+        (0.0120, 0.90, 0.90): "reject: step 20.0% slower than dp",  # slower than plain DP
     }
     for (seconds, oa, dp_oa), verdict in cases.items():
         rows = [_measured_row("dp", _report(dp, "GO", 0.01, 0.010), dp_oa),

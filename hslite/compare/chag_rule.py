@@ -47,7 +47,7 @@ def judge_channel_groups(rows: list[CompareRow], workloads: list[str | None]) ->
 
 
 def _rule(gain: float, oa: float | None, base_oa: float | None, base: str) -> str:
-    speed = f"step {gain:+.1%} faster than {base}"
+    speed = f"step {gain:.1%} faster than {base}" if gain >= 0 else f"step {-gain:.1%} slower than {base}"
     if gain <= CHAG_ADOPT_GAIN:
         return f"reject: {speed}, not more than {CHAG_ADOPT_GAIN:.0%}"
     if oa is None or base_oa is None:
