@@ -244,12 +244,15 @@ def test_channel_groups_are_timed_with_the_ranks_stepping_together_as_the_strate
 
     sizes = [stop - start for start, stop in factory().band_groups]
     result = probe_model(factory, batch, batch_size=8, precision="32-true", threads=1, concurrent_ranks=2,
-                         band_group_sizes=sizes)  # fmt: skip
-    assert result.chag_together_seconds is not None
-    micro, optimizer = result.chag_together_seconds
+                         band_group_sizes=sizes, rotation_groups=2)  # fmt: skip
+    assert result.chag_together_seconds is not None and set(result.chag_together_seconds) == {"2"}
+    assert result.chag_together_rotation == 2  # timed with the plan's rotation of 2 of the 4 groups
+    micro, optimizer = result.chag_together_seconds["2"]
     assert 0 < micro < 1 and 0 < optimizer < 1
-    priced = costmodel.predict(Plan(devices=2, chag=2, batch_size=8), result, LinkModel(1e-4, 1e9), 2**34)
+    link = LinkModel(1e-4, 1e9)
+    priced = costmodel.predict(Plan(devices=2, chag=2, batch_size=8, rotation_groups=2), result, link, 2**34)
     assert priced.compute_seconds == pytest.approx(micro + result.data_seconds + optimizer) and priced.comm_seconds == 0
-    # dp 2 × chag 2, or accumulation, were not timed: priced from the parts
-    assert costmodel.predict(Plan(devices=2, chag=2, batch_size=8, accumulate=2), result, LinkModel(1e-4, 1e9),
-                             2**34).comm_seconds > 0  # fmt: skip
+    # Without that rotation, or accumulated, the layout was not timed: priced from the parts
+    for plan in (Plan(devices=2, chag=2, batch_size=8), Plan(devices=2, chag=2, batch_size=8, accumulate=2,
+                                                            rotation_groups=2)):  # fmt: skip
+        assert costmodel.predict(plan, result, link, 2**34).comm_seconds > 0

@@ -120,8 +120,8 @@ def _compute_seconds(plan: Plan, probe: ProbeResult, chag: int, shards: int) -> 
 def _together_seconds(plan: Plan, probe: ProbeResult) -> float | None:
     """A CPU plan's step from its ranks timed stepping together (ranks_together.py), or None: priced from parts.
 
-    Plain DDP or FSDP at the probed batch on as many ranks, and channel groups over all of them (dp 1, one
-    micro-step); compression, rotation and the other layouts are priced from their parts.
+    Plain DDP or FSDP at the probed batch on as many ranks, and channel groups (any dp × chag mesh of them, with
+    the rotation timed, one micro-step); compression and accumulated channel groups are priced from their parts.
     """
     if plan.accelerator != "cpu" or probe.contention_ranks != plan.devices or probe.batch_size != plan.batch_size:
         return None
@@ -129,13 +129,14 @@ def _together_seconds(plan: Plan, probe: ProbeResult) -> float | None:
     if plan.fsdp and probe.fsdp_together_seconds:
         micro, optimizer = probe.fsdp_together_seconds
         return plan.accumulate * (micro + data) + optimizer
-    if plan.compression != "none" or plan.rotation_enabled:
+    if plan.compression != "none":
         return None
-    if not plan.chag_enabled and probe.ddp_together_seconds:
+    if not plan.chag_enabled and not plan.rotation_enabled and probe.ddp_together_seconds:
         synced, accumulated, optimizer = probe.ddp_together_seconds
         return (plan.accumulate - 1) * (accumulated + data) + synced + data + optimizer
-    if plan.chag == plan.devices and plan.accumulate == 1 and probe.chag_together_seconds:
-        micro, optimizer = probe.chag_together_seconds
+    timed = (probe.chag_together_seconds or {}).get(str(plan.chag))
+    if plan.chag_enabled and plan.accumulate == 1 and timed and probe.chag_together_rotation == plan.rotation_groups:
+        micro, optimizer = timed
         return micro + data + optimizer
     return None
 

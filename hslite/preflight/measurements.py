@@ -73,7 +73,10 @@ class ProbeResult(Footprint):
     # [all-reducing micro-step, no_sync micro-step, optimiser step] and FSDP's [micro-step, optimiser step]
     ddp_together_seconds: list[float] | None = None
     fsdp_together_seconds: list[float] | None = None
-    chag_together_seconds: list[float] | None = None  # channel groups over all the ranks (dp 1): [micro, optimiser]
+    # channel groups of each dp × chag mesh of those ranks, by chag size: [micro-step, optimiser step], timed with
+    # `chag_together_rotation` of the groups rotating (0: none)
+    chag_together_seconds: dict[str, list[float]] | None = None
+    chag_together_rotation: int = 0
     contention_ranks: int = 1
     # Every timed step at `batch_size` (forward + backward + optimiser), sorted: the distribution tail.py prices
     # the slowest rank from

@@ -52,7 +52,8 @@ def probe_for_plans(
                            device=PROBE_DEVICE if on_gpu else "cpu",
                            threads=None if on_gpu else threads_per_process(plan),
                            concurrent_ranks=1 if on_gpu else plan.devices, tf32=plan.tf32,
-                           cudnn_benchmark=plan.cudnn_benchmark, **probe_kwargs)  # fmt: skip
+                           cudnn_benchmark=plan.cudnn_benchmark, rotation_groups=plan.rotation_groups,
+                           **probe_kwargs)  # fmt: skip
 
     return probe_for
 
@@ -72,6 +73,7 @@ def probe_model(
     measure_compression: bool = False,
     measure_fsdp: bool = False,
     band_group_sizes: list[int] | None = None,
+    rotation_groups: int = 0,
     step: TrainingStep = CLASSIFIER_STEP,
     # A choice, not a measured figure: it bounds the check's wait where a step is slow (AMP on a CPU without bf16
     # instructions); a probe cut short times fewer steps, one at each batch at least.
@@ -114,6 +116,7 @@ def probe_model(
         "measure_compression": measure_compression,
         "measure_fsdp": measure_fsdp,
         "band_group_sizes": band_group_sizes,
+        "rotation_groups": rotation_groups if band_group_sizes and dev.type == "cpu" and concurrent_ranks > 1 else 0,
         "concurrent_ranks": concurrent_ranks if dev.type == "cpu" else 1,
         # The CPU reads neither switch, so a CPU probe is the same measurement whatever the plan says.
         "tf32": tf32 if dev.type == "cuda" else None,
@@ -146,12 +149,13 @@ def probe_model(
                 together = measure_together(model_factory(), make_batch(batch_size), ranks=concurrent_ranks,
                                             threads=torch.get_num_threads(), precision=precision,
                                             alone_seconds=alone_seconds, fsdp=measure_fsdp,
-                                            band_group_sizes=band_group_sizes, step=step, warmup=warmup,
-                                            steps=steps)  # fmt: skip
+                                            band_group_sizes=band_group_sizes, rotation_groups=rotation_groups,
+                                            step=step, warmup=warmup, steps=steps)  # fmt: skip
                 result.contention, result.contention_ranks = together.contention, concurrent_ranks
                 result.ddp_together_seconds = list(together.ddp)
                 result.fsdp_together_seconds = list(together.fsdp) if together.fsdp else None
-                result.chag_together_seconds = list(together.chag) if together.chag else None
+                result.chag_together_seconds = {str(c): list(t) for c, t in together.chag.items()} or None
+                result.chag_together_rotation = rotation_groups
     finally:
         torch.set_num_threads(previous_threads)
     if cache_key is not None:

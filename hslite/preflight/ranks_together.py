@@ -13,8 +13,8 @@ collective waits for the slowest rank. Priced from one rank alone plus the ring 
    an accumulated micro-step costs) and the optimiser step: plain DDP at this batch, priced as measured;
 3. FSDP (when asked): the model sharded with hslite's policy (`fsdp_policy.shard_model`) over the same group, its
    micro-step (gathers and reduce-scatter included) and optimiser step;
-4. channel groups (a band-group model whose groups the ranks divide): every rank a chag rank (`chag_together`),
-   its micro-step and optimiser step.
+4. channel groups (a band-group model): each dp × chag mesh of the ranks whose chag divides its groups (and the
+   plan's rotation), with that rotation (`chag_together`): its micro-step and optimiser step.
 
 The spawned processes need the caller's `if __name__ == "__main__":` guard.
 """
@@ -28,13 +28,14 @@ import tempfile
 import time
 from dataclasses import dataclass, replace
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from hslite.allocator import keep_freed_memory
-from hslite.preflight.chag_together import chag_measurable, chag_step
+from hslite.preflight.chag_together import chag_layouts, chag_step
 from hslite.preflight.step_timing import timed_step
 from hslite.preflight.training_step import CLASSIFIER_STEP, TrainingStep
 
@@ -46,7 +47,7 @@ class Together:
     contention: float  # times slower the plain step runs beside the others than alone, at least 1
     ddp: tuple[float, float, float]  # (all-reducing micro-step, no_sync micro-step, optimiser step)
     fsdp: tuple[float, float] | None  # (micro-step, optimiser step); None when not asked
-    chag: tuple[float, float] | None  # channel groups over all the ranks (dp 1): (micro-step, optimiser step)
+    chag: dict[int, tuple[float, float]]  # chag size -> (micro-step, optimiser step) of that dp × chag mesh
 
 
 def measure_together(
@@ -59,6 +60,7 @@ def measure_together(
     alone_seconds: float,
     fsdp: bool = False,
     band_group_sizes: list[int] | None = None,
+    rotation_groups: int = 0,
     step: TrainingStep = CLASSIFIER_STEP,
     warmup: int = 2,
     steps: int = 5,
@@ -72,8 +74,9 @@ def measure_together(
     barrier, results = context.Barrier(ranks), context.SimpleQueue()
     with tempfile.TemporaryDirectory() as folder:
         init_file = os.path.join(folder, "init")
-        chag = chag_measurable(step, band_group_sizes, ranks)
-        settings = (threads, precision, step, warmup, steps, window_seconds, fsdp, band_group_sizes if chag else None)
+        layouts = chag_layouts(step, band_group_sizes, ranks, rotation_groups)
+        settings = (threads, precision, step, warmup, steps, window_seconds, fsdp, band_group_sizes, layouts,
+                    rotation_groups)  # fmt: skip
         args = (ranks, init_file, model, batch, settings, barrier, results)
         torch.multiprocessing.start_processes(_rank, args=args, nprocs=ranks, start_method="spawn")
         measured = [results.get() for _ in range(ranks)]
@@ -82,7 +85,7 @@ def measure_together(
         contention=max(1.0, slowest[0] / alone_seconds),
         ddp=(slowest[1], slowest[2], slowest[3]),
         fsdp=(slowest[4], slowest[5]) if fsdp else None,
-        chag=(slowest[6], slowest[7]) if chag else None,
+        chag={c: (slowest[6 + 2 * i], slowest[7 + 2 * i]) for i, c in enumerate(layouts)},
     )
 
 
@@ -94,7 +97,7 @@ def _rank(
 
     from hslite.parallel.fsdp_policy import shard_model
 
-    threads, precision, step, warmup, steps, window_seconds, fsdp, band_group_sizes = settings
+    threads, precision, step, warmup, steps, window_seconds, fsdp, band_group_sizes, layouts, rotation = settings
     torch.set_num_threads(threads)
     keep_freed_memory()
     dev = torch.device("cpu")
@@ -138,14 +141,12 @@ def _rank(
             figures += _timed_together(lambda: one_step(sharded, sharded_optimizer), warmup, steps)
         else:
             figures += [0.0, 0.0]
-        if band_group_sizes:
-            grouped, grouped_optimizer = chag_step(pristine, band_group_sizes, rank, ranks)
-            grouped_step = replace(step, loss=_forward)
+        grouped_step = replace(step, loss=_forward)
+        for chag in layouts:
+            grouped, grouped_optimizer = chag_step(pristine, band_group_sizes, rank, ranks, chag, rotation)
             figures += _timed_together(
-                lambda: timed_step(grouped, grouped_optimizer, batch, precision, dev, grouped_step), warmup, steps
+                partial(timed_step, grouped, grouped_optimizer, batch, precision, dev, grouped_step), warmup, steps
             )
-        else:
-            figures += [0.0, 0.0]
         dist.barrier()  # no rank tears the group down while a peer's last collective is still in flight
     finally:
         dist.destroy_process_group()
