@@ -46,13 +46,13 @@ def run_preflight(
 ) -> Verdict:
     """Probe, price every candidate and decide; the single entry point of the pre-flight check.
 
-    `probe_for(plan)` is called once per distinct (precision, accelerator, CPU ranks per node, CUDA math) with a
-    one-rank plan at the requested per-device batch and the plan's tf32 and cudnn_benchmark; other batches come from
-    the fitted c0 + c1·b. `probe_for_plans(factory, make_batch)` builds one (CPU ranks probed with the threads they
-    will get). `device_memory_bytes` is one device's budget (host memory for CPU plans), or a callable read once,
-    when the first plan is priced, after its probe and loop measurement: a GPU's free memory depends on what they
-    left on it (`launcher_cuda.device_memory_bytes`). `link_for(plan)` gives the
-    data-parallel link, once per distinct group: `measure_links_for` on this box, or a topology's `link_for`.
+    `probe_for(plan)` is called once per distinct (precision, accelerator, CPU ranks per node, CUDA math, rotation)
+    with a one-rank plan at the requested per-device batch and the plan's tf32, cudnn_benchmark and rotation; other
+    batches come from the fitted c0 + c1·b. `probe_for_plans(factory, make_batch)` builds one (CPU ranks probed with
+    the threads they will get). `device_memory_bytes` is one device's budget (host memory for CPU plans), or a
+    callable read once, when the first plan is priced, after its probe and loop measurement: a GPU's free memory
+    depends on what they left on it (`launcher_cuda.device_memory_bytes`). `link_for(plan)` gives the data-parallel
+    link, once per distinct group: `measure_links_for` on this box, or a topology's `link_for`.
     `loop_seconds_for(plan)` is the training loop's cost per micro-step for the plan's ranks (once per distinct
     ranks and accelerator; `measure_step_overhead` on this box); without it the loop is not priced.
     `topology` fills in `link_for`, `chag_link_for`, `device_memory_bytes` (one device; host memory for CPU plans)
@@ -95,7 +95,8 @@ def run_preflight(
             # probed at (b, b/2) it would extrapolate the biggest of them (usually the best) fourfold.
             probe_batch = largest_one_device_batch(requested)
         cuda_math = (plan.tf32, plan.cudnn_benchmark)
-        probe_key = (plan.precision, plan.accelerator, ranks_sharing_cores, probe_batch, *cuda_math)
+        rotation = plan.rotation_groups  # CPU ranks time their channel-group meshes with it (ranks_together.py)
+        probe_key = (plan.precision, plan.accelerator, ranks_sharing_cores, probe_batch, *cuda_math, rotation)
         if probe_key not in probes:
             probes[probe_key] = probe_for(
                 Plan(
@@ -105,6 +106,7 @@ def run_preflight(
                     precision=plan.precision,
                     tf32=plan.tf32,
                     cudnn_benchmark=plan.cudnn_benchmark,
+                    rotation_groups=rotation,
                 )
             )
         link_key = (plan.devices, plan.num_nodes, plan.accelerator)
