@@ -101,7 +101,8 @@ def _rank(
     torch.set_num_threads(threads)
     keep_freed_memory()
     dev = torch.device("cpu")
-    pristine = copy.deepcopy(model)  # for the layouts after DDP, which hooks the model's parameters
+    # The layouts after DDP start from the weights before it (DDP hooks the model's parameters); copied only for them
+    pristine = copy.deepcopy(model) if fsdp or layouts else model
     model.train()
     optimizer = step.optimizer(model)
 
