@@ -22,6 +22,7 @@ The spawned processes need the caller's `if __name__ == "__main__":` guard.
 from __future__ import annotations
 
 import copy
+import gc
 import os
 import statistics
 import tempfile
@@ -32,6 +33,7 @@ from functools import partial
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
 from hslite.allocator import keep_freed_memory
@@ -92,12 +94,7 @@ def measure_together(
 def _rank(
     rank: int, ranks: int, init_file: str, model: nn.Module, batch: Any, settings: tuple, barrier: Any, results: Any
 ) -> None:
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
-
-    from hslite.parallel.fsdp_policy import shard_model
-
-    threads, precision, step, warmup, steps, window_seconds, fsdp, band_group_sizes, layouts, rotation = settings
+    threads, precision, step, warmup, steps, window_seconds, fsdp, _, layouts, _ = settings
     torch.set_num_threads(threads)
     keep_freed_memory()
     dev = torch.device("cpu")
@@ -121,37 +118,57 @@ def _rank(
         "gloo", init_method=f"file://{init_file}", rank=rank, world_size=ranks, timeout=timedelta(seconds=120)
     )
     try:
-        ddp = DistributedDataParallel(_StepForward(model, step.loss))
-        ddp_step = replace(step, loss=_forward)
-
-        def ddp_one_step() -> list[float]:
-            return timed_step(ddp, optimizer, batch, precision, dev, ddp_step)
-
-        for _ in range(warmup):
-            ddp_one_step()
-        dist.barrier()  # every rank's timed steps overlap the others'
-        synced = [ddp_one_step() for _ in range(steps)]
-        with ddp.no_sync():
-            accumulated = [ddp_one_step()[:2] for _ in range(steps)]
-        micro, optimizer_seconds = _micro_and_optimizer(synced)
-        figures = [statistics.median(alone), micro, _median_sum(accumulated), optimizer_seconds]
-        if fsdp:
-            sharded = copy.deepcopy(pristine).train()
-            shard_model(sharded, _mesh(ranks), precision)
-            sharded_optimizer = step.optimizer(sharded)
-            figures += _timed_together(lambda: one_step(sharded, sharded_optimizer), warmup, steps)
-        else:
-            figures += [0.0, 0.0]
-        grouped_step = replace(step, loss=_forward)
-        for chag in layouts:
-            grouped, grouped_optimizer = chag_step(pristine, band_group_sizes, rank, ranks, chag, rotation)
-            figures += _timed_together(
-                partial(timed_step, grouped, grouped_optimizer, batch, precision, dev, grouped_step), warmup, steps
-            )
+        figures = [statistics.median(alone), *_in_group(model, pristine, optimizer, batch, settings, rank, ranks)]
+        # Whatever holds the group (DDP's reducer on the caller's model, a sharded copy's mesh) goes while Python
+        # is alive: a gloo group left for the interpreter's exit to tear down aborts the rank now and then
+        # ("terminate called without an active exception", one spawn in ~20 on this box).
+        gc.collect()
         dist.barrier()  # no rank tears the group down while a peer's last collective is still in flight
     finally:
         dist.destroy_process_group()
     results.put(figures)
+
+
+def _in_group(
+    model: nn.Module, pristine: nn.Module, optimizer: Any, batch: Any, settings: tuple, rank: int, ranks: int
+) -> list[float]:
+    """DDP's, FSDP's and each chag layout's figures (module notes, 2-4): every object holding the group dies here."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from hslite.parallel.fsdp_policy import shard_model
+
+    _, precision, step, warmup, steps, _, fsdp, band_group_sizes, layouts, rotation = settings
+    dev = torch.device("cpu")
+    ddp = DistributedDataParallel(_StepForward(model, step.loss))
+    ddp_step = replace(step, loss=_forward)
+
+    def ddp_one_step() -> list[float]:
+        return timed_step(ddp, optimizer, batch, precision, dev, ddp_step)
+
+    for _ in range(warmup):
+        ddp_one_step()
+    dist.barrier()  # every rank's timed steps overlap the others'
+    synced = [ddp_one_step() for _ in range(steps)]
+    with ddp.no_sync():
+        accumulated = [ddp_one_step()[:2] for _ in range(steps)]
+    micro, optimizer_seconds = _micro_and_optimizer(synced)
+    figures = [micro, _median_sum(accumulated), optimizer_seconds]
+    if fsdp:
+        sharded = copy.deepcopy(pristine).train()
+        shard_model(sharded, _mesh(ranks), precision)
+        sharded_optimizer = step.optimizer(sharded)
+        figures += _timed_together(
+            partial(timed_step, sharded, sharded_optimizer, batch, precision, dev, step), warmup, steps
+        )
+    else:
+        figures += [0.0, 0.0]
+    grouped_step = replace(step, loss=_forward)
+    for chag in layouts:
+        grouped, grouped_optimizer = chag_step(pristine, band_group_sizes, rank, ranks, chag, rotation)
+        figures += _timed_together(
+            partial(timed_step, grouped, grouped_optimizer, batch, precision, dev, grouped_step), warmup, steps
+        )
+    return figures
 
 
 class _StepForward(nn.Module):
@@ -170,8 +187,6 @@ def _forward(module: nn.Module, batch: Any) -> Tensor:
 
 
 def _timed_together(one_step: Any, warmup: int, steps: int) -> list[float]:
-    import torch.distributed as dist
-
     for _ in range(warmup):
         one_step()
     dist.barrier()  # every rank's timed steps overlap the others'
