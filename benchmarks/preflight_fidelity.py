@@ -4,6 +4,7 @@
     python benchmarks/preflight_fidelity.py --quick    # 3 plans of the 1-D CNN (what the test runs)
     python benchmarks/preflight_fidelity.py --fresh    # every fit's pre-flight re-probes and re-measures its links
     python benchmarks/preflight_fidelity.py --only fsdp  # the rows whose label holds "fsdp"
+    python benchmarks/preflight_fidelity.py --fresh --repeat 3  # 3 passes: error of each row's medians, and spread
 
 Each plan is one fit of its own, so the full matrix takes a while on 2 cores; the run prints its rows' count and time.
 
@@ -17,11 +18,18 @@ measured against the best measured one-process row of the same model, and compar
 plan's best single-device plan (the one its verdict priced E against) that the matrix lacks. `holds` says whether the
 verdict agreed with the measured E (GO iff E ≥ its threshold; one-process plans are GO by rule: "—").
 The last line is compare's summary: `median prediction error: N%; verdict held on H of C multi-device rows (...)`.
+
+One pass's error mixes the prediction's error with the box's: a shared VM's step times drift by a third between runs
+minutes apart, on the pre-flight's probe and on the fit alike. `--repeat K` runs the matrix K times, one pass after
+another (so each row's runs are minutes apart), and prints per row the median and range of the predicted and of the
+measured step, the error of the two medians, and `moved`: how far the row's own measurement ranged (max/min − 1).
+An error inside `moved` is one the box, not the model, can account for.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 import time
@@ -29,7 +37,7 @@ from dataclasses import dataclass
 
 from hslite.compare.measure import run_compare
 from hslite.compare.report import print_table, summary_line
-from hslite.compare.rows import CompareOptions, RowSpec
+from hslite.compare.rows import CompareOptions, CompareRow, RowSpec
 from hslite.parallel.plan import Plan
 
 STEPS = 22  # timed optimiser steps per row: with compare's 2 of warm-up, the 24 batches a median settles on here
@@ -105,28 +113,75 @@ def main() -> int:
     parser.add_argument("--fresh", action="store_true", help="re-probe and re-measure links instead of the cache")
     parser.add_argument("--keep", metavar="DIR", help="keep the compare folder (runs, logs) under DIR (default: temp)")
     parser.add_argument("--only", metavar="TEXT", help="the rows whose label holds TEXT (e.g. fsdp, chag2)")
+    parser.add_argument(
+        "--repeat", type=int, default=1, metavar="K", help="K passes: medians per row, and their spread"
+    )
     args = parser.parse_args()
 
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="hslite-fidelity-") as tmp:
-        shared = [*COMMON_OVERRIDES, f"output.root={args.keep or tmp}", f"preflight.fresh={str(args.fresh).lower()}"]
-        matrix = QUICK if args.quick else FULL
-        cases = [case for case in matrix if args.only is None or args.only in str(case.row().label)]
-        if not cases:
-            parser.error(f"--only {args.only!r} matches no row of the matrix")
-        options = CompareOptions([case.row() for case in cases], shared, measure=True, steps=STEPS)
-        rows, folder = run_compare(options, progress=lambda line: print(line, flush=True))
-    print()
-    print_table(rows, measured=True)
-    for row in rows:
-        if row.failure:
-            print(f"FAILED {row.label}: {row.failure}")
-    print(f"{len(rows)} rows in {time.perf_counter() - started:.0f} s" + (f"; kept in {folder}" if args.keep else ""))
-    errors = [(abs(row.error), row.label) for row in rows if row.error is not None]
+    cases = [
+        case for case in (QUICK if args.quick else FULL) if args.only is None or args.only in str(case.row().label)
+    ]
+    if not cases:
+        parser.error(f"--only {args.only!r} matches no row of the matrix")
+    passes: list[list[CompareRow]] = []
+    for index in range(args.repeat):
+        prefix = f"[pass {index + 1}] " if args.repeat > 1 else ""
+        with tempfile.TemporaryDirectory(prefix="hslite-fidelity-") as tmp:
+            root = (f"{args.keep}/pass{index + 1}" if args.repeat > 1 else args.keep) if args.keep else tmp
+            shared = [*COMMON_OVERRIDES, f"output.root={root}", f"preflight.fresh={str(args.fresh).lower()}"]
+            options = CompareOptions([case.row() for case in cases], shared, measure=True, steps=STEPS)
+            rows, _ = run_compare(options, progress=lambda line, prefix=prefix: print(prefix + line, flush=True))
+        passes.append(rows)
+        print()
+        print_table(rows, measured=True)
+        for row in rows:
+            if row.failure:
+                print(f"FAILED {row.label}: {row.failure}")
+        if args.repeat > 1:
+            print(f"pass {index + 1}: {summary_line(rows)}")
+    print(
+        f"{sum(map(len, passes))} rows in {time.perf_counter() - started:.0f} s"
+        + (f"; kept in {args.keep}" if args.keep else "")
+    )
+    errors = _row_errors(passes)
     if errors:
-        print("worst relative error: {:.0%} ({})".format(*max(errors)))
-    print(summary_line(rows))
-    return 1 if any(row.failure for row in rows) else 0
+        print("worst relative error: {:.0%} ({})".format(*max((abs(error), label) for label, error in errors.items())))
+    if args.repeat == 1:
+        print(summary_line(passes[0]))
+    elif errors:
+        held = [row.verdict_holds for rows in passes for row in rows if row.verdict_holds is not None]
+        print(
+            f"median prediction error: {statistics.median(abs(error) for error in errors.values()):.0%} (of the rows' "
+            f"medians); verdict held on {sum(held)} of {len(held)} multi-device rows over {args.repeat} passes"
+        )
+    return 1 if any(row.failure for rows in passes for row in rows) else 0
+
+
+def _row_errors(passes: list[list[CompareRow]]) -> dict[str, float]:
+    """Each measured row's error of its median prediction against its median measurement (one pass: its error).
+
+    With several passes, prints them as a table: predicted and measured medians with their ranges, and `moved`.
+    """
+    timed: dict[str, list[tuple[float, float]]] = {}
+    for rows in passes:
+        for row in rows:
+            if row.predicted_step_seconds is not None and row.measured_step_seconds is not None:
+                timed.setdefault(row.label, []).append((row.predicted_step_seconds, row.measured_step_seconds))
+    errors = {}
+    if len(passes) > 1:
+        print(f"\n{'row':<52} {'predicted ms':>22} {'measured ms':>22} {'error':>6} {'moved':>6}")
+    for label, pairs in timed.items():
+        predicted, measured = ([pair[i] * 1e3 for pair in pairs] for i in (0, 1))
+        errors[label] = statistics.median(predicted) / statistics.median(measured) - 1
+        if len(passes) > 1:
+            print(f"{label:<52} {_spread(predicted):>22} {_spread(measured):>22} {errors[label]:>+6.0%} "
+                  f"{max(measured) / min(measured) - 1:>6.0%}")  # fmt: skip
+    return errors
+
+
+def _spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.3g} [{min(values):.3g}–{max(values):.3g}]"
 
 
 if __name__ == "__main__":

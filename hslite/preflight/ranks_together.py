@@ -16,6 +16,8 @@ collective waits for the slowest rank. Priced from one rank alone plus the ring 
 4. channel groups (a band-group model): each dp × chag mesh of the ranks whose chag divides its groups (and the
    plan's rotation), with that rotation (`chag_together`): its micro-step and optimiser step.
 
+Each of 2-4 times `window_seconds` of steps at least too, every rank as many (each step holds collectives).
+
 The spawned processes need the caller's `if __name__ == "__main__":` guard.
 """
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import math
 import os
 import statistics
 import tempfile
@@ -40,6 +43,8 @@ from hslite.allocator import keep_freed_memory
 from hslite.preflight.chag_together import chag_layouts, chag_step
 from hslite.preflight.step_timing import timed_step
 from hslite.preflight.training_step import CLASSIFIER_STEP, TrainingStep
+
+MAX_WINDOW_STEPS = 200  # a window of ms-scale steps; slower ones stop at the window
 
 
 @dataclass(frozen=True)
@@ -137,7 +142,7 @@ def _in_group(
 
     from hslite.parallel.fsdp_policy import shard_model
 
-    _, precision, step, warmup, steps, _, fsdp, band_group_sizes, layouts, rotation = settings
+    _, precision, step, warmup, steps, window_seconds, fsdp, band_group_sizes, layouts, rotation = settings
     dev = torch.device("cpu")
     ddp = DistributedDataParallel(_StepForward(model, step.loss))
     ddp_step = replace(step, loss=_forward)
@@ -145,12 +150,9 @@ def _in_group(
     def ddp_one_step() -> list[float]:
         return timed_step(ddp, optimizer, batch, precision, dev, ddp_step)
 
-    for _ in range(warmup):
-        ddp_one_step()
-    dist.barrier()  # every rank's timed steps overlap the others'
-    synced = [ddp_one_step() for _ in range(steps)]
+    synced = _timed_steps(ddp_one_step, warmup, steps, window_seconds)
     with ddp.no_sync():
-        accumulated = [ddp_one_step()[:2] for _ in range(steps)]
+        accumulated = [ddp_one_step()[:2] for _ in synced]
     micro, optimizer_seconds = _micro_and_optimizer(synced)
     figures = [micro, _median_sum(accumulated), optimizer_seconds]
     if fsdp:
@@ -158,7 +160,7 @@ def _in_group(
         shard_model(sharded, _mesh(ranks), precision)
         sharded_optimizer = step.optimizer(sharded)
         figures += _timed_together(
-            partial(timed_step, sharded, sharded_optimizer, batch, precision, dev, step), warmup, steps
+            partial(timed_step, sharded, sharded_optimizer, batch, precision, dev, step), warmup, steps, window_seconds
         )
     else:
         figures += [0.0, 0.0]
@@ -166,7 +168,10 @@ def _in_group(
     for chag in layouts:
         grouped, grouped_optimizer = chag_step(pristine, band_group_sizes, rank, ranks, chag, rotation)
         figures += _timed_together(
-            partial(timed_step, grouped, grouped_optimizer, batch, precision, dev, grouped_step), warmup, steps
+            partial(timed_step, grouped, grouped_optimizer, batch, precision, dev, grouped_step),
+            warmup,
+            steps,
+            window_seconds,
         )
     return figures
 
@@ -186,11 +191,21 @@ def _forward(module: nn.Module, batch: Any) -> Tensor:
     return module(batch)
 
 
-def _timed_together(one_step: Any, warmup: int, steps: int) -> list[float]:
-    for _ in range(warmup):
-        one_step()
+def _timed_together(one_step: Any, warmup: int, steps: int, window_seconds: float) -> list[float]:
+    return _micro_and_optimizer(_timed_steps(one_step, warmup, steps, window_seconds))
+
+
+def _timed_steps(one_step: Any, warmup: int, steps: int, window_seconds: float) -> list[list[float]]:
+    """`one_step`'s parts, timed over `window_seconds` of steps at least (and `steps`), every rank as many.
+
+    A median of 5 steps of a few milliseconds is one burst of the box's other load away from a third off; a window
+    of them is not. Each step holds collectives, so the ranks agree on the count: the largest any rank's window needs.
+    """
+    fastest = min(sum(one_step()) for _ in range(max(1, warmup)))
+    count = torch.tensor([max(steps, min(MAX_WINDOW_STEPS, math.ceil(window_seconds / max(fastest, 1e-6))))])
+    dist.all_reduce(count, op=dist.ReduceOp.MAX)
     dist.barrier()  # every rank's timed steps overlap the others'
-    return _micro_and_optimizer([one_step() for _ in range(steps)])
+    return [one_step() for _ in range(int(count))]
 
 
 def _mesh(ranks: int) -> Any:
