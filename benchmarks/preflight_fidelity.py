@@ -168,14 +168,14 @@ def _row_errors(passes: list[list[CompareRow]]) -> dict[str, float]:
         for row in rows:
             if row.predicted_step_seconds is not None and row.measured_step_seconds is not None:
                 timed.setdefault(row.label, []).append((row.predicted_step_seconds, row.measured_step_seconds))
-    errors = {}
+    errors, width = {}, max(map(len, timed), default=3)
     if len(passes) > 1:
-        print(f"\n{'row':<52} {'predicted ms':>22} {'measured ms':>22} {'error':>6} {'moved':>6}")
+        print(f"\n{'row':<{width}} {'predicted ms':>22} {'measured ms':>22} {'error':>6} {'moved':>6}")
     for label, pairs in timed.items():
         predicted, measured = ([pair[i] * 1e3 for pair in pairs] for i in (0, 1))
         errors[label] = statistics.median(predicted) / statistics.median(measured) - 1
         if len(passes) > 1:
-            print(f"{label:<52} {_spread(predicted):>22} {_spread(measured):>22} {errors[label]:>+6.0%} "
+            print(f"{label:<{width}} {_spread(predicted):>22} {_spread(measured):>22} {errors[label]:>+6.0%} "
                   f"{max(measured) / min(measured) - 1:>6.0%}")  # fmt: skip
     return errors
 
