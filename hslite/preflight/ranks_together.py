@@ -24,7 +24,6 @@ The spawned processes need the caller's `if __name__ == "__main__":` guard.
 from __future__ import annotations
 
 import copy
-import gc
 import math
 import os
 import statistics
@@ -40,6 +39,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from hslite.allocator import keep_freed_memory
+from hslite.parallel.spawned_rank import end_finished_rank
 from hslite.preflight.chag_together import chag_layouts, chag_step
 from hslite.preflight.step_timing import timed_step
 from hslite.preflight.training_step import CLASSIFIER_STEP, TrainingStep
@@ -124,20 +124,17 @@ def _rank(
     )
     try:
         figures = [statistics.median(alone), *_in_group(model, pristine, optimizer, batch, settings, rank, ranks)]
-        # Whatever holds the group (DDP's reducer on the caller's model, a sharded copy's mesh) goes while Python
-        # is alive: a gloo group left for the interpreter's exit to tear down aborts the rank now and then
-        # ("terminate called without an active exception", one spawn in ~20 on this box).
-        gc.collect()
         dist.barrier()  # no rank tears the group down while a peer's last collective is still in flight
     finally:
         dist.destroy_process_group()
     results.put(figures)
+    end_finished_rank()  # gloo's threads outlive the destroy (DDP's reducer holds the group): ~1 exit in 20 aborted
 
 
 def _in_group(
     model: nn.Module, pristine: nn.Module, optimizer: Any, batch: Any, settings: tuple, rank: int, ranks: int
 ) -> list[float]:
-    """DDP's, FSDP's and each chag layout's figures (module notes, 2-4): every object holding the group dies here."""
+    """DDP's, FSDP's and each chag layout's figures (module notes, 2-4)."""
     from torch.nn.parallel import DistributedDataParallel
 
     from hslite.parallel.fsdp_policy import shard_model
