@@ -211,13 +211,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extras]
     keep_freed_memory()  # for every command that trains, times or predicts (hslite.allocator says why)
     try:
-        return args.handler(args)
+        code = args.handler(args)
     except HSLiteError as err:
         print(f"hslite: error: {err}", file=sys.stderr)
-        return err.exit_code
+        code = err.exit_code
     except KeyboardInterrupt:
         print("hslite: interrupted", file=sys.stderr)
-        return 130
+        code = 130
+    distributed = sys.modules.get("torch.distributed")  # not imported: no process group, and no torch import here
+    if distributed is not None and distributed.is_available() and distributed.is_initialized():
+        from hslite.parallel.spawned_rank import end_finished_rank
+
+        end_finished_rank(code)  # a rank torchrun or srun started: its group's threads must not outlive the interpreter
+    return code
 
 
 if __name__ == "__main__":

@@ -138,18 +138,25 @@ class HSIClassifier(pl.LightningModule):
     def configure_metrics(self) -> None:
         """Validation and test: torchmetrics' collection, cloned per split with its prefix; training: TrainingScores."""
         c = self.num_classes
-        metrics = MetricCollection(
-            {
-                "OA": MulticlassAccuracy(c, average="micro", ignore_index=IGNORE_INDEX),
-                "AA": MulticlassAccuracy(c, average="macro", ignore_index=IGNORE_INDEX),
-                "kappa": MulticlassCohenKappa(c, ignore_index=IGNORE_INDEX),
-            }
-        )
+
+        def collection(prefix: str, sync_on_compute: bool = True) -> MetricCollection:
+            common: dict = {"ignore_index": IGNORE_INDEX, "sync_on_compute": sync_on_compute}
+            return MetricCollection(
+                {
+                    "OA": MulticlassAccuracy(c, average="micro", **common),
+                    "AA": MulticlassAccuracy(c, average="macro", **common),
+                    "kappa": MulticlassCohenKappa(c, **common),
+                },
+                prefix=prefix,
+            )
+
         self.train_metrics = TrainingScores(c)
-        self.val_metrics = metrics.clone(prefix="val/")
-        self.test_metrics = metrics.clone(prefix="test/")
-        self.test_per_class = MulticlassAccuracy(c, average="none", ignore_index=IGNORE_INDEX)
-        self.test_confusion = MulticlassConfusionMatrix(c, ignore_index=IGNORE_INDEX)
+        self.val_metrics = collection("val/")
+        # `score` sees the whole test set in one process; in a launched job that is rank 0 alone while the others
+        # wait, so a sync on compute would wait for ranks that never call it.
+        self.test_metrics = collection("test/", sync_on_compute=False)
+        self.test_per_class = MulticlassAccuracy(c, average="none", ignore_index=IGNORE_INDEX, sync_on_compute=False)
+        self.test_confusion = MulticlassConfusionMatrix(c, ignore_index=IGNORE_INDEX, sync_on_compute=False)
 
     def configure_model(self) -> None:
         """Shard the model when the strategy is FSDP (`parallel.fsdp`); every other strategy keeps it whole.

@@ -35,7 +35,7 @@ class ShardedStrategy(DestroyedAtExit, FencedBarrier, ModelParallelStrategy):
     `strategies.DestroyedAtExit` why each rank destroys its group at exit.
     """
 
-    def __init__(self, world_size: int, precision: str, backend: str, timeout: timedelta) -> None:
+    def __init__(self, world_size: int, precision: str, backend: str, timeout: timedelta, spawn: bool = True) -> None:
         super().__init__(
             data_parallel_size=world_size,
             tensor_parallel_size=1,
@@ -43,13 +43,16 @@ class ShardedStrategy(DestroyedAtExit, FencedBarrier, ModelParallelStrategy):
             process_group_backend=backend,
             timeout=timeout,
         )
-        self.compute_precision = precision
+        self.compute_precision, self.spawn = precision, spawn
 
     def shard(self, model: nn.Module) -> None:
         """Shard `model` over the data-parallel mesh (the LightningModule's configure_model calls this)."""
         shard_model(model, self.device_mesh["data_parallel"], self.compute_precision)
 
     def _configure_launcher(self) -> None:
+        if not self.spawn:  # a launcher started the ranks (`parallel.launched`): Lightning's launcher starts none
+            super()._configure_launcher()
+            return
         self._launcher = _FullStateLauncher(self, start_method="spawn")
 
 

@@ -27,7 +27,7 @@ class Plan:
     """
 
     devices: int = 1  # devices (GPUs, or CPU processes) per node
-    num_nodes: int = 1  # nodes; more than 1 is priced from a topology profile, never launched by hslite
+    num_nodes: int = 1  # nodes; more than 1 runs under a launcher (torchrun, srun: `launched.py`), hslite starts none
     accelerator: str = "cpu"  # "cpu" (gloo processes) or "gpu" (NCCL)
     batch_size: int = 64  # per-device micro-batch, samples
     accumulate: int = 1  # micro-batches per optimiser step; 1 means no accumulation
@@ -184,12 +184,13 @@ def startable_devices(accelerator: str) -> int:
     return have * CPU_PROCESSES_PER_CORE if accelerator == "cpu" else have
 
 
-def check_visible(plan: Plan) -> Plan:
-    """Refuse a plan this box cannot start: other nodes, or more devices than it has; return the plan otherwise."""
-    if plan.num_nodes > 1:
+def check_visible(plan: Plan, launched: bool = False) -> Plan:
+    """Refuse a plan this box cannot start, other nodes (unless `launched`) or too many devices; else return it."""
+    if plan.num_nodes > 1 and not launched:
         raise ConfigError(
-            f"this run asks for {plan.num_nodes} nodes; hslite trains on one box. Price it with "
-            f"`hslite preflight` and a topology profile (preflight.topology=...), or set parallel.num_nodes=1."
+            f"this run asks for {plan.num_nodes} nodes, and hslite starts the ranks of one box. Launch every node "
+            "with torchrun or srun (README: several nodes), or price it with `hslite preflight` and a topology "
+            "profile (preflight.topology=...), or set parallel.num_nodes=1."
         )
     have = startable_devices(plan.accelerator)
     if plan.devices > have:
@@ -202,11 +203,14 @@ def check_visible(plan: Plan) -> Plan:
     return plan
 
 
-def trainer_kwargs(plan: Plan, progress: bool = True, deterministic: bool = False) -> dict[str, Any]:
+def trainer_kwargs(
+    plan: Plan, progress: bool = True, deterministic: bool = False, launched: bool = False
+) -> dict[str, Any]:
     """Lightning Trainer arguments for a Plan: accelerator, devices, strategy, precision, accumulation, callbacks.
 
     Several ranks run Lightning DDP launched by spawning: `fit` stays a library call whose process holds the data and
-    the reports, and the trained weights come back to it. CPU ranks use gloo with cores ÷ N threads each.
+    the reports, and the trained weights come back to it. `launched`: a launcher started every rank
+    (`parallel.launched`), so none is spawned. CPU ranks use gloo with cores ÷ N threads each.
     """
     from lightning.pytorch.callbacks import RichProgressBar
 
@@ -222,9 +226,9 @@ def trainer_kwargs(plan: Plan, progress: bool = True, deterministic: bool = Fals
         "strategy": "auto",
     }
     if plan.world_size > 1 and plan.fsdp:
-        kwargs["strategy"] = _sharded_strategy(plan)
+        kwargs["strategy"] = _sharded_strategy(plan, launched)
     elif plan.world_size > 1:
-        kwargs["strategy"] = _ddp_strategy(plan)
+        kwargs["strategy"] = _ddp_strategy(plan, launched)
         if plan.compression_enabled:
             from hslite.parallel.compression_guard import CompressionGuard
 
@@ -232,14 +236,8 @@ def trainer_kwargs(plan: Plan, progress: bool = True, deterministic: bool = Fals
             callbacks.append(CompressionGuard("val/OA", tolerance_points=1.0, patience=2))
     from hslite.parallel.rank_setup import RankSetup
 
-    callbacks.append(
-        RankSetup(
-            threads_per_process(plan) if plan.accelerator == "cpu" else None,
-            deterministic,
-            tf32=plan.tf32,
-            cudnn_benchmark=plan.cudnn_benchmark,
-        )
-    )
+    threads = threads_per_process(plan) if plan.accelerator == "cpu" else None
+    callbacks.append(RankSetup(threads, deterministic, tf32=plan.tf32, cudnn_benchmark=plan.cudnn_benchmark))
     kwargs["callbacks"] = callbacks
     return kwargs
 
@@ -266,18 +264,18 @@ def process_group_backend(accelerator: str) -> str:
     return "gloo" if accelerator == "cpu" else "cpu:gloo,cuda:nccl"
 
 
-def _sharded_strategy(plan: Plan) -> Any:
+def _sharded_strategy(plan: Plan, launched: bool) -> Any:
     from hslite.parallel.fsdp import ShardedStrategy
 
     backend = process_group_backend(plan.accelerator)
-    return ShardedStrategy(plan.world_size, plan.precision, backend, PROCESS_GROUP_TIMEOUT)
+    return ShardedStrategy(plan.world_size, plan.precision, backend, PROCESS_GROUP_TIMEOUT, spawn=not launched)
 
 
-def _ddp_strategy(plan: Plan) -> Any:
+def _ddp_strategy(plan: Plan, launched: bool) -> Any:
     from hslite.parallel.strategies import FencedDDPStrategy
 
     options: dict[str, Any] = {
-        "start_method": "spawn",
+        "start_method": "popen" if launched else "spawn",  # "popen" starts no process where the launcher did
         "process_group_backend": process_group_backend(plan.accelerator),
         "timeout": PROCESS_GROUP_TIMEOUT,
     }

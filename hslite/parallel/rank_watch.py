@@ -16,7 +16,9 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import re
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -49,7 +51,8 @@ class RankActivity(pl.Callback):
         path = self.folder / f"rank{trainer.global_rank}.json"
         self.folder.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"doing": doing, "at": now, "pid": os.getpid()}))
+        where = {"node": trainer.node_rank, "host": socket.gethostname()}  # a launched job's ranks are on many nodes
+        tmp.write_text(json.dumps({"doing": doing, "at": now, "pid": os.getpid(), **where}))
         os.replace(tmp, path)  # the parent never reads half a file
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:  # noqa: D102
@@ -128,6 +131,35 @@ def rank_failure(error: BaseException, trainer: pl.Trainer, folder: Path) -> Ran
     )
 
 
+def launched_failure(error: BaseException, rank: int, folder: Path) -> RankFailed | None:
+    """The sentence for a launched job's rank whose collective failed because another rank or node went away.
+
+    No launcher process of hslite's sees the ranks end here (torchrun's agents and srun do, node by node), so the
+    rank that failed is read from the activity files: the other rank whose last sign of life is the oldest. Every
+    surviving rank says it, raises, and its launcher ends the ranks left on its node.
+    """
+    import torch.distributed as dist
+
+    text = str(error)
+    if not isinstance(error, dist.DistError) and not any(word in text for word in ("gloo", "NCCL", "Connection")):
+        return None
+    seen = _activity_entries(folder)
+    others = sorted((entry["at"], r) for r, entry in seen.items() if r != rank)
+    if not others:
+        return None
+    _, gone = others[0]
+    entry, me = seen[gone], seen.get(rank, {})
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    # gloo's "[file.cc:553] Connection closed by peer [host]:port. This is typically ..." -> its first sentence
+    reason = re.sub(r"^\[[^\]]*\]\s*", "", lines[-1]).split(". ")[0] if lines else type(error).__name__
+    return RankFailed(
+        f"rank {gone} on node {entry.get('node', '?')} ({entry.get('host', '?')}) stopped answering; its last sign "
+        f"was {entry['doing']} ({time.time() - entry['at']:.0f} s ago), and rank {rank} on node {me.get('node', '?')} "
+        f"saw its collective fail ({reason}). The launcher ends the ranks left "
+        "on every node; the folder is kept (ending in .failed): continue it with the same command and resume=last."
+    )
+
+
 # What NCCL's watchdog logs before it aborts a rank whose collective passed the process group's timeout.
 _WATCHDOG_TIMEOUT = "Watchdog caught collective operation timeout"
 
@@ -154,11 +186,16 @@ def _timed_out(error: BaseException) -> bool:
 
 
 def _activities(folder: Path) -> dict[int, str]:
-    out: dict[int, str] = {}
+    return {r: f"{e['doing']} ({time.time() - e['at']:.0f} s ago)" for r, e in _activity_entries(folder).items()}
+
+
+def _activity_entries(folder: Path) -> dict[int, dict[str, Any]]:
+    out: dict[int, dict[str, Any]] = {}
     for path in folder.glob("rank*.json"):
         try:
             entry = json.loads(path.read_text())
-            out[int(path.stem.removeprefix("rank"))] = f"{entry['doing']} ({time.time() - entry['at']:.0f} s ago)"
-        except (OSError, ValueError, KeyError):
+            if {"doing", "at"} <= entry.keys():
+                out[int(path.stem.removeprefix("rank"))] = entry
+        except (OSError, ValueError):
             continue
     return out

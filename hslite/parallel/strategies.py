@@ -30,7 +30,9 @@ CHECKPOINT_KEY = "hslite_compression"  # top-level checkpoint entry: {"world_siz
 # A barrier's deadline: the longest one rank may work alone (write a checkpoint) while the others wait.
 FENCE_TIMEOUT = timedelta(minutes=10)
 # Older torch releases have no per-call barrier timeout; there a barrier keeps the process group's deadline.
-FENCE_BARRIER_KWARGS = {"timeout": FENCE_TIMEOUT} if "timeout" in inspect.signature(dist.barrier).parameters else {}
+FENCE_BARRIER_KWARGS: dict[str, Any] = (
+    {"timeout": FENCE_TIMEOUT} if "timeout" in inspect.signature(dist.barrier).parameters else {}
+)
 
 
 def gather_from_ranks(value: Any) -> list[Any]:

@@ -2,7 +2,7 @@
 
 `measure_links` spawns the ranks, times all_reduce at several sizes and fits DESIGN §3's ring formula; it also
 measures how much of DDP's all-reduce hides under backward (overlap o). `load_topology` reads a YAML profile for
-devices and nodes that are not visible here (`topology.py`; multi-node plans are priced, never launched).
+devices and nodes that are not visible here (`topology.py`: a multi-node plan is priced from one before its launch).
 """
 
 from __future__ import annotations

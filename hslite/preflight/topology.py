@@ -1,8 +1,9 @@
 """Machine profiles for devices and nodes that are not visible here: links, device memory, a source per figure.
 
-Multi-node and absent-GPU plans are priced from these, never launched. Profiles are YAML files, read with
-`yaml.safe_load`: bundled ones in `topologies/` by name, or a team's own by path (`hslite topology measure` writes
-one from this box's measured links; the seeds' "calibrate with your own links").
+Multi-node and absent-GPU plans are priced from these (a multi-node plan is launched with torchrun or srun on every
+node, `parallel/launched.py`). Profiles are YAML files, read with `yaml.safe_load`: bundled ones in `topologies/` by
+name, or a team's own by path (`hslite topology measure` writes one from this box's measured links; the seeds'
+"calibrate with your own links").
 """
 
 from __future__ import annotations

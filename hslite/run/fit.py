@@ -23,13 +23,13 @@ from hslite.atomic import atomic_write
 from hslite.datasets.datamodule import HSIDataModule
 from hslite.datasets.fitted import FittedPreprocessing
 from hslite.datasets.splits import Split
-from hslite.errors import DataError
-from hslite.parallel.compression_guard import kind_at_level
-from hslite.parallel.plan import Plan, check_visible, trainer_kwargs
+from hslite.errors import ConfigError, DataError
+from hslite.parallel.launched import LaunchedJob, launched_job
+from hslite.parallel.plan import PROCESS_GROUP_TIMEOUT, Plan, check_visible, process_group_backend, trainer_kwargs
 from hslite.parallel.rank_setup import quiet_lightning
-from hslite.parallel.rank_watch import RankActivity, rank_failure
+from hslite.parallel.rank_watch import RankActivity, launched_failure, rank_failure
 from hslite.parallel.timing import TrainThroughput
-from hslite.parallel.usage import RankUsage, usage_metrics
+from hslite.parallel.usage import RankUsage
 from hslite.preflight.verdict import Verdict
 from hslite.recipe.build import build_task, plan_from_config, prepared_datamodule
 from hslite.recipe.config import to_yaml
@@ -37,9 +37,11 @@ from hslite.recipe.schema import Config
 from hslite.run.checkpoints import AtomicCheckpointIO, BestCheckpoint, LastCheckpoint, load_weights, read_checkpoint
 from hslite.run.evaluate import batch_limit, predictions
 from hslite.run.folder import RunFolder, check_writable
+from hslite.run.launched_run import FolderView, run_folder, whole_task
 from hslite.run.outputs import print_summary, write_json, write_scene_outputs
 from hslite.run.refit import refit
 from hslite.run.resume import LAST, check_checkpoint_config, flat_config
+from hslite.run.run_metrics import run_metrics
 from hslite.run.training_state import TrainingState
 from hslite.task import HSIClassifier
 
@@ -105,15 +107,25 @@ def fit(cfg: Config) -> RunResult:
     the run folder exists. The folder is `<stamp>.incomplete` while the run lasts, `<stamp>` once complete, and
     `<stamp>.failed` (with error.txt, logs and checkpoints) when anything, Ctrl-C or SIGTERM included, stops it.
     With parallel.plan=auto the plan is chosen first (`auto_plan.choose_plan`) and the chosen config is what runs.
+    Under torchrun or srun every rank calls `fit` (`parallel.launched`, `run.launched_run`): each returns the run.
     """
+    job = launched_job()
     choice = None
+    if cfg.parallel.plan == "auto" and job is not None:
+        raise ConfigError(
+            f"parallel.plan=auto chooses how many ranks to start, but {job.launcher} started them already "
+            f"({job.num_nodes} node(s) × {job.per_node}): name the layout (parallel.devices, parallel.chag, ...)."
+        )
     if cfg.parallel.plan == "auto":
         from hslite.recipe.auto_plan import choose_plan
 
         choice = choose_plan(cfg)
         print(choice.paragraph)
         cfg = choice.cfg
-    plan = check_visible(plan_from_config(cfg))
+    plan = check_visible(plan_from_config(cfg), launched=job is not None)
+    if job is not None:
+        job.check(plan)
+        job.join(process_group_backend(plan.accelerator), PROCESS_GROUP_TIMEOUT)
     quiet_lightning()
     keep_freed_memory()
     pl.seed_everything(cfg.train.seed, workers=True, verbose=False)
@@ -122,22 +134,35 @@ def fit(cfg: Config) -> RunResult:
     resume, last = _resume_point(cfg, datamodule)
     parent = Path(cfg.output.root) / cfg.recipe
     check_writable(resume.parent if resume else parent, _checkpoint_bytes(task) if cfg.output.save_checkpoint else 0)
-    verdict = choice.verdict if choice is not None else _gate(cfg, plan, datamodule)
+    verdict: Verdict | None
+    if choice is not None:
+        verdict = choice.verdict
+    elif job is not None:
+        verdict = job.from_leader(lambda: _gate(cfg, plan, datamodule))  # one verdict; a NO-GO refused on every rank
+    else:
+        verdict = _gate(cfg, plan, datamodule)
 
-    with RunFolder(parent, resume=resume) as run:
-        if resume is None:
+    leader = job is None or job.leader
+    with run_folder(parent, resume, job) as run:
+        if resume is None and leader:
             atomic_write(run.path / "config.yaml", lambda f: f.write(to_yaml(cfg).encode()))
             if choice is not None:
                 write_json(run.path / "plan_choice.json", choice.to_dict())
             datamodule.split.save(run.path / "split.npz")
             FittedPreprocessing.from_datamodule(datamodule).save(run.path / "preprocessing.npz")  # for hslite predict
-        metrics = _train_and_evaluate(cfg, plan, datamodule, task, run, last)
-        metrics["resumed"] = run.resumptions
-        if verdict is not None:
-            write_json(run.path / "preflight.json", _predicted_vs_measured(verdict, plan, metrics))
-        write_json(run.path / "metrics.json", metrics)
-    print_summary(metrics, run.path, datamodule.class_names)
-    return RunResult(run_dir=run.path, metrics=metrics, plan=plan)
+        metrics = _train_and_evaluate(cfg, plan, datamodule, task, run, last, job)
+        if leader:
+            metrics["resumed"] = run.resumptions
+            if verdict is not None:
+                write_json(run.path / "preflight.json", _predicted_vs_measured(verdict, plan, metrics))
+            write_json(run.path / "metrics.json", metrics)
+    if job is not None:  # rank 0's folder, renamed now, and metrics, on every rank
+        run_dir, metrics = job.from_leader(lambda: (run.path, metrics))
+    else:
+        run_dir = run.path
+    if leader:
+        print_summary(metrics, run_dir, datamodule.class_names)
+    return RunResult(run_dir=run_dir, metrics=metrics, plan=plan)
 
 
 def _resume_point(cfg: Config, datamodule: HSIDataModule) -> tuple[Path | None, bytes | None]:
@@ -166,34 +191,50 @@ def _checkpoint_bytes(task: HSIClassifier) -> int:
 
 
 def _train_and_evaluate(
-    cfg: Config, plan: Plan, datamodule: HSIDataModule, task: HSIClassifier, run: RunFolder, last: bytes | None
+    cfg: Config,
+    plan: Plan,
+    datamodule: HSIDataModule,
+    task: HSIClassifier,
+    run: RunFolder | FolderView,
+    last: bytes | None,
+    job: LaunchedJob | None,
 ) -> dict[str, Any]:
-    trainer, checkpoint = _trainer(cfg, plan, datamodule, run, last)
+    """Train (and refit) on every rank; evaluate where the run's reports are written (empty metrics elsewhere)."""
+    trainer, checkpoint = _trainer(cfg, plan, datamodule, run, last, launched=job is not None)
     resume_from = None if last is None else run.path / "checkpoints" / LAST  # Lightning restores from the bytes read
     wall_start = time.perf_counter()
     try:
         trainer.fit(task, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)  # whatever the strategy
     except Exception as err:
-        failed = rank_failure(err, trainer, run.path / "ranks")
+        ranks = run.path / "ranks"
+        failed = rank_failure(err, trainer, ranks) if job is None else launched_failure(err, job.global_rank, ranks)
         if failed is None:
             raise
         raise failed from None
     train_seconds = time.perf_counter() - wall_start
+    task = whole_task(trainer, task, job, lambda: build_task(cfg, plan, datamodule))
+    leader = job is None or job.leader
 
     best = Path(checkpoint.best_model_path).resolve() if checkpoint and checkpoint.best_model_path else None
-    if best is not None:
+    if best is not None and leader:
         task.load_state_dict(load_weights(best))
     refitted = None
     if cfg.train.refit:
-        epochs = int(read_checkpoint(best)["epoch"]) + 1 if best is not None else max(1, trainer.current_epoch)
-        task, refitted = refit(cfg, plan, datamodule, run.path, epochs)
+
+        def chosen_epochs() -> int:
+            return int(read_checkpoint(best)["epoch"]) + 1 if best is not None else max(1, trainer.current_epoch)
+
+        epochs = chosen_epochs() if job is None else job.from_leader(chosen_epochs)  # rank 0 reads the checkpoint
+        task, refitted = refit(cfg, plan, datamodule, run.path, epochs, job)
+    if not leader:
+        return {}
     scored, predicted = predictions(cfg, plan, datamodule, task)
     scene, test = datamodule.scene, datamodule.split.test
     targets = scene.gt[test[: len(scored), 0], test[: len(scored), 1]] - 1
     scores = task.score(torch.from_numpy(scored), torch.from_numpy(targets))
     write_scene_outputs(run.path, scores["confusion_matrix"], predicted, scene, datamodule.class_names)
     return {
-        **_metrics(scores, trainer, train_seconds, plan, datamodule),
+        **run_metrics(scores, trainer, train_seconds, plan, datamodule),
         "best_checkpoint": str(best.relative_to(run.path.resolve())) if best else None,
         "refit": refitted,
         "confusion_matrix": scores["confusion_matrix"].tolist(),
@@ -201,7 +242,7 @@ def _train_and_evaluate(
 
 
 def _trainer(
-    cfg: Config, plan: Plan, datamodule: HSIDataModule, run: RunFolder, last: bytes | None
+    cfg: Config, plan: Plan, datamodule: HSIDataModule, run: RunFolder | FolderView, last: bytes | None, launched: bool
 ) -> tuple[pl.Trainer, BestCheckpoint | None]:
     """The plan's Trainer with hslite's callbacks, and the best-checkpoint callback when checkpoints are kept."""
     from lightning.pytorch.loggers import CSVLogger
@@ -214,7 +255,7 @@ def _trainer(
     if cfg.output.save_checkpoint:
         checkpoint = BestCheckpoint(work_dir / "checkpoints")
         callbacks += [checkpoint, LastCheckpoint(last_path, cfg.output.checkpoint_every_n_epochs)]
-    kwargs = trainer_kwargs(plan, progress=cfg.train.progress, deterministic=cfg.train.deterministic)
+    kwargs = trainer_kwargs(plan, progress=cfg.train.progress, deterministic=cfg.train.deterministic, launched=launched)
     callbacks += kwargs.pop("callbacks", [])
     steps_per_epoch = max(1, len(datamodule.train_dataloader()) // plan.dp)
     if cfg.train.limit_train_batches > 1:
@@ -235,38 +276,3 @@ def _trainer(
         plugins=[AtomicCheckpointIO(None if last is None else {last_path: last})],
     )
     return trainer, checkpoint
-
-
-def _metrics(
-    scores: dict[str, Any], trainer: pl.Trainer, train_seconds: float, plan: Plan, datamodule: HSIDataModule
-) -> dict[str, Any]:
-    """metrics.json's scores, training figures and the data's audit (the caller adds the checkpoint and confusion)."""
-    perf = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("perf/")}
-    return {
-        "OA": scores["OA"],
-        "AA": scores["AA"],
-        "kappa": scores["kappa"],
-        "per_class_accuracy": scores["per_class_accuracy"],
-        "class_names": datamodule.class_names,
-        "epochs": int(perf["perf/epochs"]),
-        "optimizer_steps": int(perf["perf/optimizer_steps"]),
-        "train_seconds": train_seconds,
-        "train_batch_seconds": perf["perf/train_batch_seconds"],
-        "median_batch_seconds": perf["perf/median_batch_seconds"],
-        "train_samples": int(perf["perf/train_samples"]),
-        "train_samples_per_second": perf["perf/train_samples"] / max(perf["perf/train_batch_seconds"], 1e-9),
-        "plan": plan.to_dict(),
-        "plan_that_ran": _plan_that_ran(plan, trainer),
-        "usage": usage_metrics(trainer.callback_metrics, plan.accelerator),
-        "split_counts": datamodule.split.counts(datamodule.scene.gt),
-        "split_protocol": datamodule.split.protocol,
-        "leakage_audit": datamodule.leakage_audit(),
-    }
-
-
-def _plan_that_ran(plan: Plan, trainer: pl.Trainer) -> str:
-    """The plan as it ended: the compression guard may have relaxed int8 to bf16 or none during the run."""
-    bits = trainer.callback_metrics.get("compression/level")
-    if not plan.compression_enabled or bits is None:
-        return plan.describe()
-    return plan.with_(compression=kind_at_level(plan.compression, int(bits))).describe()

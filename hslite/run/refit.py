@@ -6,8 +6,8 @@ blocks hold fields no training block does. On the quickstart's disjoint splits o
 benchmarks/time_to_accuracy.py scored 89.1 % OA refit on them and 76.6 % without them; hslite without them 77.1 %,
 refit 88.4 %. The preprocessing stays fitted on the training pixels alone, as the SVM's scaling does, so
 `hslite predict` reads the same preprocessing.npz. The chosen epoch count is the schedule's length: warm-up and
-cosine decay run over it as they ran over `train.max_epochs`. On several devices the second training spawns its
-ranks as the first did, and its weights come back the same way.
+cosine decay run over it as they ran over `train.max_epochs`. On several devices the second training starts its
+ranks as the first did (spawned, or the launcher's), and its weights come back the same way.
 """
 
 from __future__ import annotations
@@ -19,19 +19,25 @@ from typing import Any
 import lightning.pytorch as pl
 
 from hslite.datasets.datamodule import HSIDataModule
+from hslite.parallel.launched import LaunchedJob
 from hslite.parallel.plan import Plan, trainer_kwargs
 from hslite.parallel.timing import TrainThroughput
 from hslite.recipe.build import build_task
 from hslite.recipe.schema import Config
 from hslite.run.checkpoints import AtomicCheckpointIO
 from hslite.run.evaluate import batch_limit
+from hslite.run.launched_run import whole_task
 from hslite.run.resume import flat_config
 from hslite.run.training_state import TrainingState
 from hslite.task import HSIClassifier
 
 
-def refit(cfg: Config, plan: Plan, datamodule: HSIDataModule, run_dir: Path, epochs: int) -> tuple[HSIClassifier, dict]:
+def refit(
+    cfg: Config, plan: Plan, datamodule: HSIDataModule, run_dir: Path, epochs: int, job: LaunchedJob | None = None
+) -> tuple[HSIClassifier, dict]:
     """A fresh model trained `epochs` epochs on training + validation pixels, and what metrics.json says of it.
+
+    `job`: the launched job every rank of which calls this (`parallel.launched`); rank 0 gets the whole weights.
 
     Its weights replace checkpoints/best.ckpt (what `hslite predict` loads) when checkpoints are kept; its loss per
     step goes to logs/refit/metrics.csv, beside the first training's logs.
@@ -41,7 +47,8 @@ def refit(cfg: Config, plan: Plan, datamodule: HSIDataModule, run_dir: Path, epo
     pl.seed_everything(cfg.train.seed, workers=True, verbose=False)
     datamodule.train_on_validation_too()
     task = build_task(cfg, plan, datamodule)
-    kwargs = trainer_kwargs(plan, progress=cfg.train.progress, deterministic=cfg.train.deterministic)
+    kwargs = trainer_kwargs(plan, progress=cfg.train.progress, deterministic=cfg.train.deterministic,
+                            launched=job is not None)  # fmt: skip
     callbacks = [*kwargs.pop("callbacks", []), TrainThroughput(), TrainingState(flat_config(cfg))]
     trainer = pl.Trainer(
         **kwargs,
@@ -59,6 +66,7 @@ def refit(cfg: Config, plan: Plan, datamodule: HSIDataModule, run_dir: Path, epo
     start = time.perf_counter()
     trainer.fit(task, datamodule=datamodule)
     seconds = time.perf_counter() - start
+    task = whole_task(trainer, task, job, lambda: build_task(cfg, plan, datamodule))
     if cfg.output.save_checkpoint:
         trainer.save_checkpoint(run_dir / "checkpoints" / "best.ckpt", weights_only=True)
     report: dict[str, Any] = {

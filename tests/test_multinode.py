@@ -1,0 +1,197 @@
+"""Several nodes through the launchers (`parallel/launched.py`): torchrun agents on 127.0.0.1 stand in for nodes.
+
+Each "node" is an agent of its own (`torch.distributed.run`, a c10d rendezvous on a free local port), as a job on two
+machines would be started; a simulated SLURM job step starts the ranks with the variables srun sets. A launched job
+must train exactly what hslite trains when it spawns the same ranks on one box.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+
+FIT = [
+    "recipe=quickstart",
+    "model.name=cnn1d",
+    "data.patch_size=1",
+    "data.pca_components=0",
+    "data.augment=false",
+    "data.batch_size=32",
+    "train.max_epochs=2",
+    "train.refit=false",
+    "train.progress=false",
+    "output.save_map=false",
+    "preflight.enabled=false",
+]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_"))}
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+def _torchrun_nodes(out: Path, nodes: int, per_node: int, *overrides: str) -> list[subprocess.Popen]:
+    """One torchrun agent per "node", each with its own log; node ranks come from the c10d rendezvous."""
+    port, agents = _free_port(), []
+    for node in range(nodes):
+        command = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}", f"--nproc-per-node={per_node}",
+                   "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=hslite-test",
+                   "--max-restarts=0", "-m", "hslite.cli", "fit", *FIT, f"parallel.num_nodes={nodes}",
+                   f"parallel.devices={per_node}", f"output.root={out}", *overrides]  # fmt: skip
+        log = (out / f"node{node}.log").open("w")
+        agents.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=_env(), cwd=out,
+                                       start_new_session=True))  # fmt: skip
+    return agents
+
+
+def _wait(agents: list[subprocess.Popen], out: Path, timeout: float = 400) -> None:
+    deadline = time.monotonic() + timeout
+    for node, agent in enumerate(agents):
+        code = agent.wait(timeout=max(1.0, deadline - time.monotonic()))
+        assert code == 0, (out / f"node{node}.log").read_text()[-4000:]
+
+
+def _metrics(root: Path) -> dict:
+    (run,) = [d for d in (root / "quickstart").iterdir() if d.is_dir() and "." not in d.name]
+    return json.loads((run / "metrics.json").read_text())
+
+
+def _one_box(out: Path, devices: int, *overrides: str) -> dict:
+    command = [sys.executable, "-m", "hslite.cli", "fit", *FIT, f"parallel.devices={devices}", f"output.root={out}",
+               *overrides]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, env=_env(), cwd=out, timeout=400, check=False)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return _metrics(out)
+
+
+@pytest.mark.parametrize(
+    "nodes, per_node, layout",
+    [
+        pytest.param(2, 1, [], id="dp"),
+        pytest.param(2, 1, ["parallel.compression=int8"], id="int8"),
+        pytest.param(2, 1, ["parallel.fsdp=true"], id="fsdp"),
+        # one node under torchrun is a launched job too; two ranks of a node split the channel groups
+        pytest.param(
+            1, 2, ["model.name=channel_vit", "parallel.chag=2", "parallel.rotation_groups=2"], id="chag2-rot2"
+        ),
+    ],
+)
+def test_torchrun_nodes_train_what_one_box_trains_with_the_same_ranks(tmp_path, nodes, per_node, layout) -> None:
+    launched_root, box = tmp_path / "nodes", tmp_path / "box"
+    launched_root.mkdir(), box.mkdir()
+    _wait(_torchrun_nodes(launched_root, nodes, per_node, *layout), launched_root)
+    launched = _metrics(launched_root)  # one run folder, written by global rank 0
+    spawned = _one_box(box, nodes * per_node, *layout)
+    assert launched["plan"] == {**spawned["plan"], "num_nodes": nodes, "devices": per_node}
+    assert launched["optimizer_steps"] == spawned["optimizer_steps"]
+    assert launched["confusion_matrix"] == spawned["confusion_matrix"]
+    for key in ("OA", "AA", "kappa"):
+        assert launched[key] == pytest.approx(spawned[key], abs=1e-9), key
+
+
+def test_a_simulated_slurm_step_trains_what_one_box_trains(tmp_path: Path) -> None:
+    slurm, box = tmp_path / "slurm", tmp_path / "box"
+    slurm.mkdir(), box.mkdir()
+    port, ranks = _free_port(), []
+    for rank in range(2):
+        env = {**_env(), "SLURM_NTASKS": "2", "SLURM_PROCID": str(rank), "SLURM_LOCALID": "0",
+               "SLURM_NODEID": str(rank), "SLURM_NNODES": "2", "SLURM_NTASKS_PER_NODE": "1",
+               "SLURM_JOB_NAME": "hslite-test", "SLURM_JOB_ID": "4242", "SLURM_NODELIST": "127.0.0.1",
+               "MASTER_PORT": str(port)}  # fmt: skip
+        command = [sys.executable, "-m", "hslite.cli", "fit", *FIT, "parallel.num_nodes=2", "parallel.devices=1",
+                   f"output.root={slurm}"]  # fmt: skip
+        log = (slurm / f"node{rank}.log").open("w")
+        ranks.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=slurm))
+    _wait(ranks, slurm)
+    launched, spawned = _metrics(slurm), _one_box(box, 2)
+    assert launched["confusion_matrix"] == spawned["confusion_matrix"]
+
+
+def test_a_world_that_is_not_the_recipes_is_one_sentence_before_any_process_group(tmp_path: Path) -> None:
+    agents = _torchrun_nodes(tmp_path, 1, 2, "parallel.devices=4")  # the later key wins: 4 asked, 2 launched
+    for agent in agents:
+        agent.wait(timeout=120)
+    log = (tmp_path / "node0.log").read_text()
+    assert "torchrun started 2 process(es) on each of 1 node(s), but the recipe asks for parallel.num_nodes=1 × " \
+           "parallel.devices=4. Set parallel.num_nodes=1 parallel.devices=2" in log  # fmt: skip
+    assert "Traceback" not in log.split("hslite: error:")[0].split("torch.distributed.elastic")[0]
+
+
+def _kill_the_node_of_rank_1(root: Path, agents: list[subprocess.Popen], epoch: int) -> subprocess.Popen:
+    """Once rank 1 trains `epoch` or later, SIGKILL its agent and itself, as a machine that goes down; the other."""
+    deadline, activity = time.monotonic() + 120, None
+    while activity is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+        found = list(root.glob("quickstart/*.incomplete/ranks/rank1.json"))
+        entry = json.loads(found[0].read_text()) if found else {}
+        training = re.match(r"training epoch (\d+)", entry.get("doing", ""))
+        activity = entry if training and int(training[1]) >= epoch else None
+    assert activity is not None, (root / "node0.log").read_text()[-3000:]
+    rank1 = activity["pid"]
+    agent = int(Path(f"/proc/{rank1}/stat").read_text().rsplit(")", 1)[1].split()[1])  # its parent: the agent
+    for pid in (rank1, agent):
+        os.kill(pid, signal.SIGKILL)
+    (dead,) = [a for a in agents if a.pid == agent]
+    dead.wait(timeout=10)
+    (survivor,) = [a for a in agents if a.pid != agent]
+    return survivor
+
+
+def test_a_killed_node_ends_the_job_on_the_other_with_one_sentence_and_no_process_left(tmp_path: Path) -> None:
+    agents = _torchrun_nodes(tmp_path, 2, 1, "train.max_epochs=1000")
+    survivor = _kill_the_node_of_rank_1(tmp_path, agents, 1)
+    killed = time.monotonic()
+    assert survivor.wait(timeout=120) != 0
+    ended = time.monotonic() - killed
+    log = (tmp_path / f"node{agents.index(survivor)}.log").read_text()
+    assert ended < 60, log[-3000:]
+    assert "hslite: error: rank 1 on node" in log and "stopped answering" in log, log[-3000:]
+    left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True, check=False).stdout.split()
+    assert left == [], f"processes left: {left}"
+    said = next(line for line in log.splitlines() if line.startswith("hslite: error:"))
+    print(f"the job ended {ended:.1f} s after the node was killed, {len(left)} processes left; {said}")
+
+
+def test_a_multinode_run_resumed_after_a_lost_node_ends_as_an_uninterrupted_one(tmp_path: Path) -> None:
+    run, whole = tmp_path / "run", tmp_path / "whole"
+    run.mkdir(), whole.mkdir()
+    same = ("train.max_epochs=12", "train.deterministic=true")
+    agents = _torchrun_nodes(run, 2, 1, *same)
+    _kill_the_node_of_rank_1(run, agents, 3)  # last.ckpt holds an epoch before
+    for agent in agents:
+        agent.wait(timeout=120)
+    _wait(_torchrun_nodes(run, 2, 1, *same, "resume=last"), run)
+    _wait(_torchrun_nodes(whole, 2, 1, *same), whole)
+    resumed, uninterrupted = _metrics(run), _metrics(whole)
+    assert len(resumed["resumed"]) == 1
+    assert resumed["confusion_matrix"] == uninterrupted["confusion_matrix"]
+    assert resumed["OA"] == uninterrupted["OA"]
+
+
+def test_the_preflight_of_a_plan_across_nodes_is_decided_once_and_said_on_every_rank(tmp_path: Path) -> None:
+    agents = _torchrun_nodes(tmp_path, 2, 1, "preflight.enabled=true")  # no topology: the nodes' links are unknown
+    for agent in agents:
+        assert agent.wait(timeout=300) != 0
+    for node in range(2):
+        log = (tmp_path / f"node{node}.log").read_text()
+        assert "hslite: error: cannot check" in log and "the plan spans 2 nodes" in log, log[-3000:]
+    assert not list(tmp_path.glob("quickstart/*")), "nothing is written before the verdict"
