@@ -9,6 +9,7 @@ Build them directly (no registry name): `Trainer(strategy=CompressedDDPStrategy(
 from __future__ import annotations
 
 import atexit
+import gc
 import inspect
 from datetime import timedelta
 from typing import Any
@@ -65,6 +66,9 @@ class FencedBarrier:
 
 def _destroy_default_group() -> None:
     if dist.is_available() and dist.is_initialized():
+        # What still holds the group (a finished Trainer's DDP reducer, in Lightning's reference cycles) goes first,
+        # so the destroy frees it while Python is alive (without: 1 run in 10 of examples/own_script aborted).
+        gc.collect()
         dist.destroy_process_group()
 
 
