@@ -140,7 +140,7 @@ def _kill_the_node_of_rank_1(root: Path, agents: list[subprocess.Popen], epoch: 
     """Once rank 1 trains `epoch` or later, SIGKILL its agent and itself, as a machine that goes down; the other."""
     deadline, activity = time.monotonic() + 120, None
     while activity is None and time.monotonic() < deadline:
-        time.sleep(0.5)
+        time.sleep(0.05)  # an epoch of the quickstart can take a fifth of a second
         found = list(root.glob("quickstart/*.incomplete/ranks/rank1.json"))
         entry = json.loads(found[0].read_text()) if found else {}
         training = re.match(r"training epoch (\d+)", entry.get("doing", ""))
@@ -174,7 +174,7 @@ def test_a_killed_node_ends_the_job_on_the_other_with_one_sentence_and_no_proces
 def test_a_multinode_run_resumed_after_a_lost_node_ends_as_an_uninterrupted_one(tmp_path: Path) -> None:
     run, whole = tmp_path / "run", tmp_path / "whole"
     run.mkdir(), whole.mkdir()
-    same = ("train.max_epochs=12", "train.deterministic=true")
+    same = ("train.max_epochs=20", "data.batch_size=8", "train.deterministic=true")  # epochs of many steps
     agents = _torchrun_nodes(run, 2, 1, *same)
     _kill_the_node_of_rank_1(run, agents, 3)  # last.ckpt holds an epoch before
     for agent in agents:
