@@ -10,6 +10,7 @@ model that looks at neighbours does better than one that looks at a pixel alone.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 from scipy.spatial import cKDTree
@@ -166,3 +167,38 @@ def _dirichlet_around(mean: np.ndarray, concentration: float, rng: np.random.Gen
     """Draw one Dirichlet sample per row of `mean` (..., K) with that mean, vectorised through Gamma draws."""
     draws = rng.gamma(np.maximum(mean * concentration, 1e-3))
     return draws / draws.sum(axis=-1, keepdims=True)
+
+
+def write_large_scene(
+    cube_path: str | Path,
+    labels_path: str | Path,
+    shape: tuple[int, int, int],
+    labelled_fraction: float = 0.02,
+    seed: int = 0,
+    num_classes: int = 8,
+) -> None:
+    """Write a (rows, cols, bands) float32 `.npy` cube and its int64 `.npy` label map, a block of rows at a time.
+
+    For trying hslite on a flightline-sized cube of your own without one: a 200×200 synthetic scene is tiled over the
+    image (its fields and spectra), fresh sensor noise is drawn per block, and `labelled_fraction` of the pixels keep
+    their class. Memory holds one block (`make_synthetic_scene` builds whole float64 arrays, too much at this size).
+    """
+    rows, cols, bands = shape
+    tile, tile_gt, _ = make_synthetic_scene(200, 200, bands, num_classes, seed=seed, labelled_fraction=0.5)
+    rng = np.random.default_rng(seed + 1)
+    keep = min(1.0, labelled_fraction / max(float(np.mean(tile_gt > 0)), 1e-9))
+    cube = np.lib.format.open_memmap(cube_path, mode="w+", dtype=np.float32, shape=(rows, cols, bands))
+    labels = np.zeros((rows, cols), dtype=np.int64)
+    block_rows = max(1, 2**26 // (4 * cols * bands))  # 64 MiB of cube per block
+    col_tiles = -(-cols // tile.shape[1])
+    for start in range(0, rows, block_rows):
+        stop = min(rows, start + block_rows)
+        tile_rows = np.arange(start, stop) % tile.shape[0]
+        block = np.tile(tile[tile_rows], (1, col_tiles, 1))[:, :cols]
+        block += rng.standard_normal(block.shape, dtype=np.float32) * np.float32(0.01)
+        cube[start:stop] = block
+        gt = np.tile(tile_gt[tile_rows], (1, col_tiles))[:, :cols]
+        labels[start:stop] = np.where(rng.random(gt.shape) < keep, gt, 0)
+        cube.flush()
+    del cube
+    np.save(labels_path, labels)
