@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -49,17 +50,31 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _torchrun_nodes(out: Path, nodes: int, per_node: int, *overrides: str) -> list[subprocess.Popen]:
+def _node_cores(node: int, nodes: int) -> Callable[[], None]:
+    """Pin a "node" to its share of this machine's cores, as a machine of its own would be.
+
+    A rank's thread count follows the cores it sees (`plan.threads_per_process`): unpinned, the one rank of each of
+    two "nodes" would run all cores' threads, the spawned box's ranks half as many, and their sums would round apart.
+    """
+    cores = sorted(os.sched_getaffinity(0))
+    share = max(1, len(cores) // nodes)
+    mine = set(cores[node * share : (node + 1) * share]) or {cores[node % len(cores)]}
+    return lambda: os.sched_setaffinity(0, mine)
+
+
+def _torchrun_nodes(
+    out: Path, nodes: int, per_node: int, *overrides: str, agent: tuple[str, ...] = ()
+) -> list[subprocess.Popen]:
     """One torchrun agent per "node", each with its own log; node ranks come from the c10d rendezvous."""
     port, agents = _free_port(), []
     for node in range(nodes):
         command = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}", f"--nproc-per-node={per_node}",
                    "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=hslite-test",
-                   "--max-restarts=0", "-m", "hslite.cli", "fit", *FIT, f"parallel.num_nodes={nodes}",
+                   "--max-restarts=0", *agent, "-m", "hslite.cli", "fit", *FIT, f"parallel.num_nodes={nodes}",
                    f"parallel.devices={per_node}", f"output.root={out}", *overrides]  # fmt: skip
         log = (out / f"node{node}.log").open("w")
         agents.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=_env(), cwd=out,
-                                       start_new_session=True))  # fmt: skip
+                                       start_new_session=True, preexec_fn=_node_cores(node, nodes)))  # fmt: skip
     return agents
 
 
@@ -108,32 +123,52 @@ def test_torchrun_nodes_train_what_one_box_trains_with_the_same_ranks(tmp_path, 
         assert launched[key] == pytest.approx(spawned[key], abs=1e-9), key
 
 
+def _slurm_rank(out: Path, rank: int, port: int) -> subprocess.Popen:
+    """Rank `rank` of a two-node SLURM job step, started with the variables srun sets."""
+    env = {**_env(), "SLURM_NTASKS": "2", "SLURM_PROCID": str(rank), "SLURM_LOCALID": "0",
+           "SLURM_NODEID": str(rank), "SLURM_NNODES": "2", "SLURM_NTASKS_PER_NODE": "1",
+           "SLURM_JOB_NAME": "hslite-test", "SLURM_JOB_ID": "4242", "SLURM_NODELIST": "127.0.0.1",
+           "MASTER_PORT": str(port)}  # fmt: skip
+    command = [sys.executable, "-m", "hslite.cli", "fit", *FIT, "parallel.num_nodes=2", "parallel.devices=1",
+               f"output.root={out}"]  # fmt: skip
+    log = (out / f"node{rank}.log").open("w")
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=out,
+                            preexec_fn=_node_cores(rank, 2))  # fmt: skip
+
+
 def test_a_simulated_slurm_step_trains_what_one_box_trains(tmp_path: Path) -> None:
     slurm, box = tmp_path / "slurm", tmp_path / "box"
     slurm.mkdir(), box.mkdir()
-    port, ranks = _free_port(), []
-    for rank in range(2):
-        env = {**_env(), "SLURM_NTASKS": "2", "SLURM_PROCID": str(rank), "SLURM_LOCALID": "0",
-               "SLURM_NODEID": str(rank), "SLURM_NNODES": "2", "SLURM_NTASKS_PER_NODE": "1",
-               "SLURM_JOB_NAME": "hslite-test", "SLURM_JOB_ID": "4242", "SLURM_NODELIST": "127.0.0.1",
-               "MASTER_PORT": str(port)}  # fmt: skip
-        command = [sys.executable, "-m", "hslite.cli", "fit", *FIT, "parallel.num_nodes=2", "parallel.devices=1",
-                   f"output.root={slurm}"]  # fmt: skip
-        log = (slurm / f"node{rank}.log").open("w")
-        ranks.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=slurm))
-    _wait(ranks, slurm)
+    port = _free_port()
+    _wait([_slurm_rank(slurm, rank, port) for rank in range(2)], slurm)
     launched, spawned = _metrics(slurm), _one_box(box, 2)
     assert launched["confusion_matrix"] == spawned["confusion_matrix"]
 
 
+def test_a_slurm_allocation_run_without_srun_says_so_instead_of_hanging(tmp_path: Path) -> None:
+    # a batch script that runs `hslite fit` itself: SLURM_NTASKS says 2, one process exists
+    alone = _slurm_rank(tmp_path, 0, _free_port())
+    assert alone.wait(timeout=120) != 0
+    log = (tmp_path / "node0.log").read_text()
+    assert "hslite: error: SLURM rank 0 of 2 waited 15 s at 127.0.0.1:" in log, log[-3000:]
+    assert "run `srun hslite fit ...` inside the allocation" in log, log[-3000:]
+    assert "Traceback" not in log, log[-3000:]
+
+
 def test_a_world_that_is_not_the_recipes_is_one_sentence_before_any_process_group(tmp_path: Path) -> None:
-    agents = _torchrun_nodes(tmp_path, 1, 2, "parallel.devices=4")  # the later key wins: 4 asked, 2 launched
+    # each rank's own output in a file of its own (torchrun --redirects), apart from the agent's report of its exit
+    agents = _torchrun_nodes(
+        tmp_path, 1, 2, "parallel.devices=4", agent=("--log-dir", str(tmp_path / "ranks"), "-r", "3")
+    )
     for agent in agents:
         agent.wait(timeout=120)
-    log = (tmp_path / "node0.log").read_text()
-    assert "torchrun started 2 process(es) on each of 1 node(s), but the recipe asks for parallel.num_nodes=1 × " \
-           "parallel.devices=4. Set parallel.num_nodes=1 parallel.devices=2" in log  # fmt: skip
-    assert "Traceback" not in log.split("hslite: error:")[0].split("torch.distributed.elastic")[0]
+    outputs = sorted((tmp_path / "ranks").rglob("stderr.log"))
+    assert len(outputs) == 2, outputs
+    for output in outputs:  # the later parallel.devices wins: 4 asked, 2 launched
+        said = output.read_text()
+        assert said.strip() == "hslite: error: torchrun started 2 process(es) on each of 1 node(s), but the recipe " \
+            "asks for parallel.num_nodes=1 × parallel.devices=4. Set parallel.num_nodes=1 parallel.devices=2, or " \
+            "launch 4 process(es) per node on 1 node(s).", said  # fmt: skip
 
 
 def _kill_the_node_of_rank_1(root: Path, agents: list[subprocess.Popen], epoch: int) -> subprocess.Popen:

@@ -3,6 +3,7 @@ rank's solo work (rank 0 writing a checkpoint) longer than the collectives' dead
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from datetime import timedelta
@@ -19,7 +20,7 @@ from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
 from hslite.models import get_model
 from hslite.parallel.plan import Plan, trainer_kwargs
-from hslite.parallel.rank_watch import rank_failure
+from hslite.parallel.rank_watch import launched_failure, rank_failure
 from hslite.task import HSIClassifier
 
 WATCHDOG_LINE = (
@@ -113,3 +114,34 @@ def test_rank_zero_writing_a_checkpoint_longer_than_the_deadline_does_not_end_th
     )  # fmt: skip
     trainer.fit(task, datamodule=FixedData(16))
     assert (tmp_path / "last.ckpt").is_file()
+
+
+GLOO_CLOSED = (
+    "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+    "[127.0.0.1]:4508. This is typically caused by a remote worker crashing."
+)
+
+
+def _activity(folder, rank: int, node: int, doing: str, ago: float) -> None:
+    entry = {"doing": doing, "at": time.time() - ago, "node": node, "host": f"host{node}"}
+    (folder / f"rank{rank}.json").write_text(json.dumps(entry))
+
+
+def test_a_launched_rank_whose_peer_closed_names_the_stalest_rank_and_its_node(tmp_path):
+    _activity(tmp_path, 0, 0, "training epoch 3", 0.1)
+    _activity(tmp_path, 1, 1, "training epoch 2", 30)
+    _activity(tmp_path, 2, 1, "training epoch 3", 1)
+    text = str(launched_failure(RuntimeError(GLOO_CLOSED), 0, tmp_path))
+    assert text.startswith("rank 1 on node 1 (host1) stopped answering; its last sign was training epoch 2 (30 s ago)")
+    assert "saw its collective fail (Connection closed by peer [127.0.0.1]:4508)" in text
+
+
+@pytest.mark.parametrize(
+    "error",
+    [RuntimeError("Connection refused by the label server"), ValueError("NCCL is not a gloo word here")],
+    ids=["connection-word", "nccl-word"],
+)
+def test_an_error_that_is_not_a_collectives_is_left_as_it_is(tmp_path, error):
+    _activity(tmp_path, 0, 0, "training epoch 3", 0.1)
+    _activity(tmp_path, 1, 1, "training epoch 2", 30)
+    assert launched_failure(error, 0, tmp_path) is None

@@ -78,7 +78,17 @@ class LaunchedJob:
             import torch
 
             torch.cuda.set_device(self.environment.local_rank())
-        dist.init_process_group(backend, rank=self.global_rank, world_size=self.world_size, timeout=timeout)
+        try:
+            dist.init_process_group(backend, rank=self.global_rank, world_size=self.world_size, timeout=timeout)
+        except dist.DistError as err:  # the store's "waiting for clients" / "connect" deadline passed
+            raise ConfigError(
+                f"{self.launcher} rank {self.global_rank} of {self.world_size} waited {timeout.total_seconds():.0f} s "
+                f"at {self.environment.main_address}:{self.environment.main_port} for the other ranks, and not all "
+                f"came ({str(err).strip().splitlines()[0]}). Every rank must be started by the launcher: under SLURM "
+                "run `srun hslite fit ...` inside the allocation (a batch script that runs hslite itself is one "
+                f"process); under torchrun start an agent on each of the {self.num_nodes} node(s) with the same "
+                "--rdzv-endpoint."
+            ) from None
 
     def from_leader(self, decide: Callable[[], T]) -> T:
         """Rank 0's `decide()` on every rank; an HSLiteError it raises is raised on every rank.

@@ -141,7 +141,7 @@ def launched_failure(error: BaseException, rank: int, folder: Path) -> RankFaile
     import torch.distributed as dist
 
     text = str(error)
-    if not isinstance(error, dist.DistError) and not any(word in text for word in ("gloo", "NCCL", "Connection")):
+    if not isinstance(error, dist.DistError) and not _GLOO_ERROR.search(text):
         return None
     seen = _activity_entries(folder)
     others = sorted((entry["at"], r) for r, entry in seen.items() if r != rank)
@@ -158,6 +158,11 @@ def launched_failure(error: BaseException, rank: int, folder: Path) -> RankFaile
         f"saw its collective fail ({reason}). The launcher ends the ranks left "
         "on every node; the folder is kept (ending in .failed): continue it with the same command and resume=last."
     )
+
+
+# gloo's failures reach Python as a plain RuntimeError that starts with the gloo source file it came from
+# ("[.../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer ..."); NCCL's are DistErrors.
+_GLOO_ERROR = re.compile(r"\[[^\]]*/gloo/[^\]]*\.cc:\d+\]")
 
 
 # What NCCL's watchdog logs before it aborts a rank whose collective passed the process group's timeout.

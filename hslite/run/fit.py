@@ -212,7 +212,7 @@ def _train_and_evaluate(
             raise
         raise failed from None
     train_seconds = time.perf_counter() - wall_start
-    task = whole_task(trainer, task, job, lambda: build_task(cfg, plan, datamodule))
+    task = whole_task(trainer, task, job, plan, lambda: build_task(cfg, plan, datamodule))
     leader = job is None or job.leader
 
     best = Path(checkpoint.best_model_path).resolve() if checkpoint and checkpoint.best_model_path else None

@@ -17,6 +17,7 @@ from typing import Any
 import lightning.pytorch as pl
 
 from hslite.parallel.launched import LaunchedJob
+from hslite.parallel.plan import Plan
 from hslite.run.folder import RunFolder
 from hslite.task import HSIClassifier
 
@@ -44,16 +45,17 @@ def run_folder(parent: Path, resume: Path | None, job: LaunchedJob | None) -> It
 
 
 def whole_task(
-    trainer: pl.Trainer, task: HSIClassifier, job: LaunchedJob | None, fresh: Callable[[], HSIClassifier]
+    trainer: pl.Trainer, task: HSIClassifier, job: LaunchedJob | None, plan: Plan, fresh: Callable[[], HSIClassifier]
 ) -> HSIClassifier:
     """The trained model as rank 0 evaluates it alone (a collective on every launched rank; one box: `task`).
 
     Spawned ranks hand rank 0's weights back to a process that never trained (`fsdp._FullStateLauncher` gathers
-    shards). Launched ranks trained in this process, and the trained module is still the strategy's: FSDP's holds
-    shards, and under channel groups its forward exchanges tokens with the other ranks. So rank 0 evaluates a
-    `fresh` model holding the strategy's whole state dict (shards and channel-group replicas gathered).
+    shards). Launched ranks trained in this process: under plain (or int8) DDP the module is whole and DDP's hooks sit
+    on its wrapper, so it is evaluated as it is. FSDP's module holds shards, a channel-group forward exchanges tokens
+    with the other ranks, and rotation leaves a subset of groups active: rank 0 then evaluates a `fresh` model
+    holding the strategy's whole state dict (shards and channel-group replicas gathered).
     """
-    if job is None:
+    if job is None or not (plan.fsdp or plan.chag_enabled or plan.rotation_enabled):
         return task
     state: dict[str, Any] = trainer.strategy.lightning_module_state_dict()  # whole on rank 0
     if not job.leader:

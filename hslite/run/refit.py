@@ -66,7 +66,7 @@ def refit(
     start = time.perf_counter()
     trainer.fit(task, datamodule=datamodule)
     seconds = time.perf_counter() - start
-    task = whole_task(trainer, task, job, lambda: build_task(cfg, plan, datamodule))
+    task = whole_task(trainer, task, job, plan, lambda: build_task(cfg, plan, datamodule))
     if cfg.output.save_checkpoint:
         trainer.save_checkpoint(run_dir / "checkpoints" / "best.ckpt", weights_only=True)
     report: dict[str, Any] = {
