@@ -17,8 +17,9 @@ from torch.utils.data import DataLoader
 
 from hslite.datasets.fetch import ensure_file
 from hslite.datasets.own_scene import own_scene_for
-from hslite.datasets.patches import PatchDataset, PatchGatherer, collate_patches
-from hslite.datasets.preprocess import BandNormalizer, PCAReducer, check_finite, pad_reflect, select_bands
+from hslite.datasets.patches import PatchDataset, PatchGatherer, collate_patches, stores_bands_first
+from hslite.datasets.preprocess import BandNormalizer, PCAReducer, kept_bands, preprocess_block
+from hslite.datasets.scene_input import padded_input, training_spectra
 from hslite.datasets.scenes import Scene, get_scene_spec, is_synthetic, load_scene, scene_folder
 from hslite.datasets.splits import Split, audit_leakage, load_split_for, make_split
 from hslite.errors import DataError
@@ -153,23 +154,31 @@ class HSIDataModule(lightning.LightningDataModule):
         own = self.own_scene
         scene = own.load() if own else load_scene(self.scene_name, self.root, download=self.download, seed=self.seed)
         water = get_scene_spec(self.scene_name).water_bands if self.drop_water_bands and own is None else ()
-        cube, wavelengths, kept = select_bands(
-            scene.cube, scene.wavelengths_nm, sorted(set(self.remove_bands) | set(water)), self.remove_ranges_nm
-        )
-        check_finite(cube)
+        remove = sorted(set(self.remove_bands) | set(water))
+        wavelengths, kept = kept_bands(scene.num_bands, scene.wavelengths_nm, remove, self.remove_ranges_nm)
         split = self._load_or_make_split(scene.gt)
-        train_pixels = cube[split.train[:, 0], split.train[:, 1]]
+        # Fitted on the training pixels only; the cube is read block by block, never held whole (scene_input).
+        train_pixels = training_spectra(scene.source, kept, split.train)
         self._normaliser = BandNormalizer(self.normalisation).fit(train_pixels)
-        cube = self._normaliser.transform(cube)
         if self.pca_components:
-            self._pca = PCAReducer(self.pca_components).fit(cube[split.train[:, 0], split.train[:, 1]])
-            cube = self._pca.transform(cube)
-        gatherer = PatchGatherer(
-            pad_reflect(cube, self.patch_size),
+            self._pca = PCAReducer(self.pca_components).fit(self._normaliser.transform(train_pixels))
+        device, use_kernel = self.gather_device or "cpu", self.gather_device is None  # "cpu" takes the GPU's path
+        bands_first = stores_bands_first(device, use_kernel=use_kernel)
+        normaliser, pca = self._normaliser, self._pca
+        padded = padded_input(
+            scene.source,
+            lambda block, first_row: preprocess_block(block, kept, normaliser, pca, first_row),
+            self.pca_components or int(kept.size),
             self.patch_size,
-            device=self.gather_device or "cpu",
-            use_kernel=self.gather_device is None,  # "cpu" takes the GPU's path
+            bands_first,
+        )
+        gatherer = PatchGatherer(
+            padded,
+            self.patch_size,
+            device=device,
+            use_kernel=use_kernel,
             pin_memory=self.pinning,
+            bands_first=bands_first,
         )
         for name, coords in (("train", split.train), ("val", split.val), ("test", split.test)):
             labels = scene.gt[coords[:, 0], coords[:, 1]] - 1
@@ -179,7 +188,7 @@ class HSIDataModule(lightning.LightningDataModule):
         self._datasets["predict"] = PatchDataset(gatherer, everywhere, scene.gt.reshape(-1) - 1)
         self._scene, self._split, self._kept_bands, self._wavelengths = scene, split, kept, wavelengths
         self._gatherer = gatherer
-        self._num_bands = int(cube.shape[2])
+        self._num_bands = gatherer.num_bands
 
     def train_on_validation_too(self) -> None:
         """Train on the training and validation pixels (`train.refit`); normalisation and PCA stay as fitted."""

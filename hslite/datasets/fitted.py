@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hslite.atomic import atomic_write
-from hslite.datasets.preprocess import BandNormalizer, PCAReducer, check_finite
+from hslite.datasets.preprocess import BandNormalizer, PCAReducer, preprocess_block
 from hslite.errors import DataError
 
 if TYPE_CHECKING:
@@ -78,11 +78,7 @@ class FittedPreprocessing:
         """
         if cube.shape[-1] != self.raw_bands:
             raise DataError(f"The cube has {cube.shape[-1]} bands; this preprocessing was fitted on {self.raw_bands}.")
-        if self.kept_bands.size < self.raw_bands:
-            cube = np.take(cube, self.kept_bands, axis=-1)
-        check_finite(cube, first_row)
-        cube = self.normaliser.transform(cube)
-        return cube if self.pca is None else self.pca.transform(cube)
+        return preprocess_block(cube, self.kept_bands, self.normaliser, self.pca, first_row)
 
     def save(self, path: Path) -> None:
         """Write preprocessing.npz atomically (see the module docstring for its contents)."""

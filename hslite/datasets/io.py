@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import warnings
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from hslite.datasets.cube_file import BLOCK_BYTES, CubeFile, cube_from_array, npy_cube, released
 from hslite.errors import DataError
 
 _TIFF_SUFFIXES = (".tif", ".tiff")
@@ -24,38 +24,6 @@ _SPECTRAL_SUFFIXES = (".gis", ".lan")  # ERDAS 7.4 files that spectral.open_imag
 
 
 # ----------------------------------------------------------------------------------------------------------- readers
-@dataclass(frozen=True)
-class CubeFile:
-    """A cube opened for reading blocks of rows on demand, so a file larger than memory is never held whole.
-
-    `dtype` is the type on disk and `wavelengths_nm` the band centres its header gives (ENVI), if any; `read` returns
-    (rows, cols, bands) float32 whatever the layout on disk.
-    """
-
-    source: str
-    shape: tuple[int, int, int]
-    dtype: np.dtype
-    crs: Any
-    transform: Any
-    wavelengths_nm: np.ndarray | None
-    rows: Callable[[int, int], np.ndarray]  # (start, stop) -> rows start..stop-1 as stored, (r, cols[, bands])
-
-    def read(self, start: int = 0, stop: int | None = None) -> np.ndarray:
-        """Rows start..stop-1 (by default all of them) as a contiguous float32 (rows, cols, bands) array."""
-        block = self.rows(start, self.shape[0] if stop is None else stop)
-        return np.ascontiguousarray(block.reshape(-1, *self.shape[1:]), dtype=np.float32)
-
-
-def cube_from_array(array: np.ndarray, source: str, crs: Any = None, transform: Any = None) -> CubeFile:
-    """A CubeFile over an array already in memory ((rows, cols) is one band)."""
-    if array.ndim == 2:
-        array = array[:, :, None]
-    if array.ndim != 3 or array.dtype.kind not in "biuf":
-        raise DataError(f"{source} holds {array.dtype} data of shape {array.shape}; a cube is (rows, cols, bands).")
-    rows, cols, bands = (int(n) for n in array.shape)
-    return CubeFile(source, (rows, cols, bands), array.dtype, crs, transform, None, lambda a, b: array[a:b])
-
-
 def open_cube(path: str | Path, key: str | None = None, strict_key: bool = False) -> CubeFile:
     """Open a hyperspectral cube for reading by blocks of rows, with its CRS and affine transform (None if absent).
 
@@ -71,7 +39,7 @@ def open_cube(path: str | Path, key: str | None = None, strict_key: bool = False
     if suffix in _TIFF_SUFFIXES:
         return _tiff_cube(path)
     if suffix == ".npy":
-        return cube_from_array(_load_npy(path, mmap=True), str(path))
+        return npy_cube(_load_npy(path, mmap=True), str(path))
     return _spectral_cube(path)
 
 
@@ -82,6 +50,7 @@ def read_cube(path: str | Path, key: str | None = None) -> tuple[np.ndarray, Any
 
 
 def _tiff_cube(path: Path) -> CubeFile:
+    import rasterio
     from rasterio.windows import Window
 
     with _open_raster(path) as dataset:
@@ -90,7 +59,8 @@ def _tiff_cube(path: Path) -> CubeFile:
         crs, transform = _georeference_of(dataset)
 
     def rows(start: int, stop: int) -> np.ndarray:
-        with _open_raster(path) as dataset:  # reopened per block: nothing stays open between reads
+        # GDAL's block cache keeps what it read up to 5 % of the machine's memory: a second copy of a big cube
+        with rasterio.Env(GDAL_CACHEMAX=BLOCK_BYTES), _open_raster(path) as dataset:  # reopened per block
             return np.moveaxis(dataset.read(window=Window(0, start, shape[1], stop - start)), 0, -1)
 
     return CubeFile(str(path), shape, dtype, crs, transform, None, rows)
@@ -102,13 +72,15 @@ def _spectral_cube(path: Path) -> CubeFile:
     scale = float(image.scale_factor)
 
     def rows(start: int, stop: int) -> np.ndarray:
-        block = image.read_subregion((start, stop), (0, shape[1]))
+        block = image.read_subregion((start, stop), (0, shape[1]))  # through spectral's memory map, when it has one
         # spectral's own load() divides by the header's reflectance scale factor: keep its values
         return block if scale == 1 else np.divide(block, scale, dtype=np.float32)
 
     centres = image.bands.centers
     wavelengths = None if not centres else wavelengths_to_nm(centres, image.bands.band_unit)
     crs, transform = georeference(Path(image.filename))  # GDAL reads an ENVI header's map info
+    memmap = getattr(image, "_memmap", None)  # spectral's np.memmap of the file (None when it reads by seeks)
+    rows = rows if memmap is None else released(rows, memmap)
     return CubeFile(str(path), shape, np.dtype(image.dtype), crs, transform, wavelengths, rows)
 
 

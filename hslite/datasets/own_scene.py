@@ -85,7 +85,10 @@ class OwnScene:
         )
 
     def load(self) -> Scene:
-        """The scene with classes 1..C (0 unlabelled), georeferenced by the cube or else by the label raster."""
+        """The scene with classes 1..C (0 unlabelled), georeferenced by the cube or else by the label raster.
+
+        The cube is opened, not read: `Scene.source` reads it a block of rows at a time.
+        """
         cube = open_cube_spec(self.cube, "data.scene")
         labels_path, labels_key = split_key(self.labels)
         raw = read_labels(labels_path, labels_key, strict_key=labels_key is not None)
@@ -110,7 +113,7 @@ class OwnScene:
         crs, transform = cube.crs, cube.transform
         if crs is None and transform is None:
             crs, transform = georeference(labels_path)
-        return Scene(Path(cube.source).stem, cube.read(), gt, names, wavelengths, crs, transform, codes)
+        return Scene(Path(cube.source).stem, cube, gt, names, wavelengths, crs, transform, codes)
 
 
 def own_scene_for(

@@ -61,6 +61,11 @@ def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     return tensor.to(device)
 
 
+def stores_bands_first(device: str | torch.device, channels_last: bool = False, use_kernel: bool = True) -> bool:
+    """Whether a PatchGatherer with these options stores its cube band-major (the C kernel's layout)."""
+    return use_kernel and torch.device(device).type == "cpu" and not channels_last and _patchgather is not None
+
+
 class PatchGatherer:
     """Hold a padded (H+2r, W+2r, B) cube once as a tensor and gather p x p patches around (row, col) centres.
 
@@ -69,7 +74,8 @@ class PatchGatherer:
     strides (no transpose: one copy at memory speed, for a consumer that takes channels-last input), on `device`:
     the cube moves there at the first gather (see the module notes). `use_kernel=False` gathers with torch ops where
     the C kernel would apply (to compare the two, or to run a GPU's gather on the CPU). `pin_memory` page-locks the
-    host batches, for a CUDA device (see batch_buffers.py).
+    host batches, for a CUDA device (see batch_buffers.py). `bands_first`: `padded_cube` is (B, H+2r, W+2r); built
+    in the layout `stores_bands_first` names, it is stored without a copy.
     """
 
     def __init__(
@@ -80,8 +86,11 @@ class PatchGatherer:
         channels_last: bool = False,
         use_kernel: bool = True,
         pin_memory: bool = False,
+        bands_first: bool = False,
     ):
         cube = torch.as_tensor(padded_cube, dtype=torch.float32)
+        if bands_first and cube.ndim == 3:  # (B, H+2r, W+2r): stored as is when the kernel gathers (no copy)
+            cube = cube.permute(1, 2, 0)
         if cube.ndim != 3 or patch_size < 1 or patch_size % 2 == 0 or min(cube.shape[:2]) < patch_size:
             raise DataError(
                 f"PatchGatherer needs a padded (rows, cols, bands) cube and an odd patch_size no larger than it; got "
@@ -93,8 +102,7 @@ class PatchGatherer:
         self.rows = self.padded_rows - self.patch_size + 1
         self.cols = self.padded_cols - self.patch_size + 1
         self.device = torch.device(device)
-        native = use_kernel and self.device.type == "cpu" and not channels_last
-        self._kernel = _patchgather.gather if native and _patchgather is not None else None
+        self._kernel = _patchgather.gather if stores_bands_first(device, channels_last, use_kernel) else None
         if self._kernel is not None:
             self.storage = cube.permute(2, 0, 1).contiguous()  # band-major: the kernel copies rows of p floats
         else:

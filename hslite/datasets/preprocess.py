@@ -24,7 +24,17 @@ def select_bands(
     remove_ranges_nm: Sequence[Sequence[float]] = (),
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
     """Drop bands by 0-based index and by inclusive wavelength ranges; return (cube, wavelengths, kept indices)."""
-    num_bands = cube.shape[-1]
+    wavelengths, kept = kept_bands(cube.shape[-1], wavelengths_nm, remove_indices, remove_ranges_nm)
+    return (cube if kept.size == cube.shape[-1] else np.take(cube, kept, axis=-1)), wavelengths, kept
+
+
+def kept_bands(
+    num_bands: int,
+    wavelengths_nm: np.ndarray | Sequence[float] | None,
+    remove_indices: Sequence[int] = (),
+    remove_ranges_nm: Sequence[Sequence[float]] = (),
+) -> tuple[np.ndarray | None, np.ndarray]:
+    """The bands `select_bands` keeps of a `num_bands`-band cube: (their wavelengths, their 0-based indices)."""
     wavelengths = None if wavelengths_nm is None else np.asarray(wavelengths_nm, dtype=np.float64)
     indices = [int(i) for i in remove_indices]
     outside = [i for i in indices if not 0 <= i < num_bands]
@@ -47,9 +57,21 @@ def select_bands(
     kept = np.flatnonzero(~remove)
     if kept.size == 0:
         raise DataError(f"The band removal asked for drops all {num_bands} bands; keep at least one.")
-    if kept.size == num_bands:
-        return cube, wavelengths, kept
-    return np.take(cube, kept, axis=-1), None if wavelengths is None else wavelengths[kept], kept
+    return (wavelengths if wavelengths is None or kept.size == num_bands else wavelengths[kept]), kept
+
+
+def preprocess_block(
+    block: np.ndarray, kept: np.ndarray, normaliser: BandNormalizer, pca: PCAReducer | None, first_row: int = 0
+) -> np.ndarray:
+    """A raw (rows, cols, bands) block -> the model's bands, float32: kept bands, checked finite, normalised, PCA.
+
+    `first_row` is the block's first scene row, so that a NaN is reported where it is in the scene.
+    """
+    if kept.size < block.shape[-1]:
+        block = np.take(block, kept, axis=-1)
+    check_finite(block, first_row)
+    block = normaliser.transform(block)
+    return block if pca is None else pca.transform(block)
 
 
 # ---------------------------------------------------------------------------------------------------- normalisation
@@ -178,13 +200,18 @@ def patch_radius(patch_size: int) -> int:
 
 def pad_reflect(cube: np.ndarray, patch_size: int) -> np.ndarray:
     """Pad rows and columns of a (H, W, B) cube by patch_size // 2 with reflection, so border pixels get patches."""
+    check_pad(cube.shape[0], cube.shape[1], patch_size)
     radius = patch_radius(patch_size)
-    if radius >= min(cube.shape[:2]):
-        raise DataError(
-            f"patch_size={patch_size} is too large for a {cube.shape[0]}x{cube.shape[1]} image; it must be below "
-            f"{2 * min(cube.shape[:2]) - 1}."
-        )
     return np.pad(cube, ((radius, radius), (radius, radius), (0, 0)), mode="reflect")
+
+
+def check_pad(rows: int, cols: int, patch_size: int) -> None:
+    """Raise a DataError when a rows x cols image cannot be reflect-padded for `patch_size` (odd, below 2·side − 1)."""
+    if patch_radius(patch_size) >= min(rows, cols):
+        raise DataError(
+            f"patch_size={patch_size} is too large for a {rows}x{cols} image; it must be below "
+            f"{2 * min(rows, cols) - 1}."
+        )
 
 
 def check_finite(cube: np.ndarray, first_row: int = 0) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from hslite.datasets.fetch import ensure_file
-from hslite.datasets.io import read_cube, read_labels, read_mat
+from hslite.datasets.io import CubeFile, cube_from_array, read_cube, read_labels, read_mat
 from hslite.datasets.preprocess import check_labels
 from hslite.datasets.scene_specs import GENERATED_FILE, SCENE_SPECS, SceneSpec
 from hslite.datasets.synthetic import make_synthetic_scene
@@ -61,10 +61,14 @@ def is_synthetic(name: str) -> bool:
 # ---------------------------------------------------------------------------------------------------------- scene
 @dataclass
 class Scene:
-    """A labelled hyperspectral scene in memory: cube (H, W, B) float32 and ground truth (H, W) int64, 0 unlabelled."""
+    """A labelled hyperspectral scene: its cube (H, W, B) and ground truth (H, W) int64, 0 unlabelled.
+
+    The ground truth is in memory; the cube is `source`, read whole as float32 by `cube` or a block of rows at a time
+    (`source.blocks()`), which is how hslite reads a cube of your own that may be larger than memory.
+    """
 
     name: str
-    cube: np.ndarray
+    source: CubeFile
     gt: np.ndarray
     class_names: list[str]
     wavelengths_nm: np.ndarray | None
@@ -78,9 +82,14 @@ class Scene:
         return len(self.class_names)
 
     @property
+    def cube(self) -> np.ndarray:
+        """The whole cube as (H, W, B) float32, read from `source` at each call (an array in memory is not copied)."""
+        return self.source.read()
+
+    @property
     def num_bands(self) -> int:
         """Number of spectral bands B of the cube."""
-        return int(self.cube.shape[2])
+        return int(self.source.shape[2])
 
     def plot(self, ax: Any = None, bands: tuple[int, int, int] | None = None) -> Any:
         """Draw a false-colour composite beside the ground truth and return the matplotlib Figure.
@@ -133,7 +142,7 @@ def load_scene(name: str, root: str | Path | None = None, download: bool = False
             height, width, bands, len(spec.class_names), counts, seed=seed, labelled_fraction=labelled,
             wavelengths_nm=spec.wavelengths_nm,
         )  # fmt: skip
-        return Scene(name, cube, gt, list(spec.class_names), wavelengths_nm)
+        return Scene(name, cube_from_array(cube, name), gt, list(spec.class_names), wavelengths_nm)
     if name in _UNMIXING:
         raise DataError(f"{name} is an unmixing scene without class labels; read it with load_unmixing({name!r}).")
     folder = scene_folder(name, root)
@@ -153,7 +162,7 @@ def load_scene(name: str, root: str | Path | None = None, download: bool = False
         )
     gt = _map_labels(raw_gt, spec, gt_path)
     wavelengths = np.asarray(spec.wavelengths_nm, dtype=np.float64) if spec.wavelengths_nm else None
-    return Scene(name, cube, gt, list(spec.class_names), wavelengths, crs, transform)
+    return Scene(name, cube_from_array(cube, name), gt, list(spec.class_names), wavelengths, crs, transform)
 
 
 def _map_labels(raw_gt: np.ndarray, spec: SceneSpec, path: Path) -> np.ndarray:

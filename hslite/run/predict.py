@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +25,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from hslite.datasets.cube_file import CubeFile
 from hslite.datasets.fitted import FittedPreprocessing
 from hslite.datasets.geotiff_out import geotiff_writer, write_geotiff
-from hslite.datasets.io import CubeFile, cube_from_array
 from hslite.datasets.own_scene import OwnScene, open_cube_spec
 from hslite.datasets.patches import PatchGatherer
 from hslite.datasets.preprocess import patch_radius
@@ -41,8 +41,6 @@ from hslite.run.checkpoints import read_checkpoint
 from hslite.run.folder import RunFolder, check_writable
 from hslite.run.outputs import plot_map, write_json
 from hslite.run.resume import check_checkpoint_config
-
-BLOCK_BYTES = 64 * 2**20  # raw cube bytes per block when tile_rows=0; the working set is a few times this
 
 
 @dataclass
@@ -138,7 +136,7 @@ def _run_scene(prep: FittedPreprocessing) -> tuple[CubeFile, np.ndarray]:
         scene = OwnScene(**{**source, "class_names": tuple(source["class_names"])}).load()
     else:
         scene = load_scene(source["name"], source["root"], seed=source["seed"])
-    return cube_from_array(scene.cube, scene.name, scene.crs, scene.transform), scene.gt
+    return replace(scene.source, crs=scene.crs, transform=scene.transform), scene.gt
 
 
 def predict(options: PredictOptions) -> PredictResult:
@@ -160,7 +158,7 @@ def predict(options: PredictOptions) -> PredictResult:
     if accelerator == "gpu" and not torch.cuda.is_available():
         raise ConfigError("accelerator=gpu but no CUDA device is visible here; use accelerator=cpu.")
     device = torch.device("cuda" if accelerator == "gpu" else "cpu")
-    block_rows = min(height, options.tile_rows or max(1, BLOCK_BYTES // (4 * width * bands)))
+    block_rows = min(height, options.tile_rows or source.block_rows())
     batch_size = options.batch_size or cfg.data.eval_batch_size
     started = time.perf_counter()
     out_root = Path(options.output).expanduser() if options.output else run_dir / "predict"
