@@ -33,6 +33,7 @@ class CubeFile:
     transform: Any
     wavelengths_nm: np.ndarray | None
     rows: Callable[[int, int], np.ndarray]  # (start, stop) -> rows start..stop-1 as stored, (r, cols[, bands])
+    resident: bool = True  # the whole cube is held in memory (an array, a .mat); False: read from the file per block
 
     def read(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         """Rows start..stop-1 (by default all of them) as a contiguous float32 (rows, cols, bands) array."""
@@ -64,7 +65,7 @@ def npy_cube(array: np.memmap, source: str) -> CubeFile:
     """A `.npy` cube as np.load(mmap_mode="r") maps it, each block copied out and its pages handed back (`released`)."""
     mapped = cube_from_array(array, source)
     copied = lambda start, stop: np.array(mapped.rows(start, stop), dtype=np.float32)  # noqa: E731
-    return CubeFile(**{**mapped.__dict__, "rows": released(copied, array)})
+    return CubeFile(**{**mapped.__dict__, "rows": released(copied, array), "resident": False})
 
 
 def released(rows: Callable[[int, int], np.ndarray], mapped: np.ndarray) -> Callable[[int, int], np.ndarray]:

@@ -19,7 +19,7 @@ from hslite.datasets.fetch import ensure_file
 from hslite.datasets.own_scene import own_scene_for
 from hslite.datasets.patches import PatchDataset, PatchGatherer, collate_patches, stores_bands_first
 from hslite.datasets.preprocess import BandNormalizer, PCAReducer, kept_bands, preprocess_block
-from hslite.datasets.scene_input import padded_input, training_spectra
+from hslite.datasets.scene_input import ScenePatches, padded_input, training_spectra
 from hslite.datasets.scenes import Scene, get_scene_spec, is_synthetic, load_scene, scene_folder
 from hslite.datasets.splits import Split, audit_leakage, load_split_for, make_split
 from hslite.errors import DataError
@@ -118,7 +118,7 @@ class HSIDataModule(lightning.LightningDataModule):
         self.seed = seed
         self.pin_memory = pin_memory
         self.gather_device = gather_device
-        self._datasets: dict[str, PatchDataset] = {}
+        self._datasets: dict[str, PatchDataset | ScenePatches] = {}
         self._scene: Scene | None = None
         self._split: Split | None = None
         self._kept_bands: np.ndarray | None = None
@@ -183,9 +183,7 @@ class HSIDataModule(lightning.LightningDataModule):
         for name, coords in (("train", split.train), ("val", split.val), ("test", split.test)):
             labels = scene.gt[coords[:, 0], coords[:, 1]] - 1
             self._datasets[name] = PatchDataset(gatherer, coords, labels, self.augment and name == "train", self.seed)
-        rows, cols = scene.gt.shape
-        everywhere = np.stack(np.divmod(np.arange(rows * cols), cols), axis=1)  # row-major
-        self._datasets["predict"] = PatchDataset(gatherer, everywhere, scene.gt.reshape(-1) - 1)
+        self._datasets["predict"] = ScenePatches(gatherer, scene.gt)
         self._scene, self._split, self._kept_bands, self._wavelengths = scene, split, kept, wavelengths
         self._gatherer = gatherer
         self._num_bands = gatherer.num_bands

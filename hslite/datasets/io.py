@@ -63,7 +63,7 @@ def _tiff_cube(path: Path) -> CubeFile:
         with rasterio.Env(GDAL_CACHEMAX=BLOCK_BYTES), _open_raster(path) as dataset:  # reopened per block
             return np.moveaxis(dataset.read(window=Window(0, start, shape[1], stop - start)), 0, -1)
 
-    return CubeFile(str(path), shape, dtype, crs, transform, None, rows)
+    return CubeFile(str(path), shape, dtype, crs, transform, None, rows, resident=False)
 
 
 def _spectral_cube(path: Path) -> CubeFile:
@@ -81,7 +81,7 @@ def _spectral_cube(path: Path) -> CubeFile:
     crs, transform = georeference(Path(image.filename))  # GDAL reads an ENVI header's map info
     memmap = getattr(image, "_memmap", None)  # spectral's np.memmap of the file (None when it reads by seeks)
     rows = rows if memmap is None else released(rows, memmap)
-    return CubeFile(str(path), shape, np.dtype(image.dtype), crs, transform, wavelengths, rows)
+    return CubeFile(str(path), shape, np.dtype(image.dtype), crs, transform, wavelengths, rows, resident=False)
 
 
 def wavelengths_to_nm(values: Sequence[float] | np.ndarray, unit: str | None = None) -> np.ndarray:

@@ -11,8 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+import torch
+from torch.utils.data import Dataset
 
 from hslite.datasets.cube_file import BLOCK_BYTES, CubeFile
+from hslite.datasets.patches import PatchGatherer, to_device
 from hslite.datasets.preprocess import check_finite, check_pad, patch_radius
 
 
@@ -93,3 +96,26 @@ def peak_bytes(shape: tuple[int, int, int], input_bands: int, patch_size: int, p
         "blocks": 4 * block_floats,
         "pixels": 48 * rows * cols,
     }
+
+
+class ScenePatches(Dataset):
+    """Every pixel of a (rows, cols) scene in row-major order, its coordinates made per batch from the indices.
+
+    A PatchDataset of the whole scene would hold 16 bytes of coordinates and 8 of labels per pixel for the whole run;
+    here a batch's are computed from its indices, and the labels are read from `gt` (classes 1..C, 0 unlabelled,
+    not copied): -1 where unlabelled, as in PatchDataset.
+    """
+
+    def __init__(self, gatherer: PatchGatherer, gt: np.ndarray):
+        self.gatherer = gatherer
+        self.cols = int(gt.shape[1])
+        self.gt = torch.from_numpy(np.ascontiguousarray(gt).reshape(-1))
+
+    def __len__(self) -> int:
+        return int(self.gt.shape[0])
+
+    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return the batch (x (n, B, p, p) float32, y (n,) int64) for these pixel indices (row * cols + col)."""
+        index = torch.as_tensor(indices, dtype=torch.long)
+        x = self.gatherer.gather(torch.stack((index // self.cols, index % self.cols), dim=1))
+        return x, to_device(self.gt[index] - 1, x.device)

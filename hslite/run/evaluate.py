@@ -55,7 +55,7 @@ def _evaluator(plan: Plan, **limits: Any) -> pl.Trainer:
 def _predict(trainer: pl.Trainer, task: HSIClassifier, loader: DataLoader) -> np.ndarray:
     """Zero-based predicted class of every sample of `loader`, in its order."""
     batches = cast(list[torch.Tensor], trainer.predict(task, dataloaders=loader))
-    return torch.cat(batches).numpy().astype(np.int64)
+    return torch.cat(batches).numpy().astype(np.int64, copy=False)  # a scene's worth: no third copy
 
 
 def batch_limit(value: float) -> float | int | None:

@@ -85,7 +85,8 @@ def plot_map(
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    colours = class_colours(len(class_names))
+    # one byte per channel: an RGB float64 image of a flightline-sized map would be 24 bytes a pixel per panel
+    colours = np.round(255 * class_colours(len(class_names))).astype(np.uint8)
     panels = [(predicted, "prediction")]
     if ground_truth is not None:
         panels.insert(0, (ground_truth, "ground truth"))
@@ -99,7 +100,7 @@ def plot_map(
         ax.set_axis_off()
     numbers = range(1, len(class_names) + 1) if label_codes is None else [int(code) for code in label_codes]
     legend = enumerate(zip(numbers, class_names, strict=True), start=1)
-    handles = [Patch(color=colours[i], label=f"{number} {name}") for i, (number, name) in legend]
+    handles = [Patch(color=colours[i] / 255, label=f"{number} {name}") for i, (number, name) in legend]
     fig.legend(handles=handles, loc="center right", fontsize=7, frameon=False)
     fig.tight_layout(rect=(0, 0, 0.78, 1))
     fig.savefig(path, dpi=120)
