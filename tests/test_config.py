@@ -123,6 +123,7 @@ OUT_OF_RANGE = [
     ("data.batch_size", "0", "must be ≥ 1"),
     ("data.eval_batch_size", "0", "must be ≥ 1"),
     ("data.num_workers", "-1", "must be ≥ 0"),
+    ("data.host_memory_gb", "-2", "must be ≥ 0"),
     ("data.ignore_label", "4294967296", "must be in [-2147483648, 4294967295]"),
     ("train.max_epochs", "-3", "must be ≥ 1"),
     ("train.max_epochs", "0", "must be ≥ 1"),

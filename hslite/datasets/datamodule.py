@@ -19,7 +19,7 @@ from hslite.datasets.fetch import ensure_file
 from hslite.datasets.own_scene import own_scene_for
 from hslite.datasets.patches import PatchDataset, PatchGatherer, collate_patches, stores_bands_first
 from hslite.datasets.preprocess import BandNormalizer, PCAReducer, kept_bands, preprocess_block
-from hslite.datasets.scene_input import ScenePatches, padded_input, training_spectra
+from hslite.datasets.scene_input import InputPlan, ScenePatches, padded_input, plan_input, training_spectra
 from hslite.datasets.scenes import Scene, get_scene_spec, is_synthetic, load_scene, scene_folder
 from hslite.datasets.splits import Split, audit_leakage, load_split_for, make_split
 from hslite.errors import DataError
@@ -187,6 +187,18 @@ class HSIDataModule(lightning.LightningDataModule):
         self._scene, self._split, self._kept_bands, self._wavelengths = scene, split, kept, wavelengths
         self._gatherer = gatherer
         self._num_bands = gatherer.num_bands
+
+    def input_plan(self) -> InputPlan:
+        """What setup() will hold of the scene (shape, bands in, patch), from the cube's header; reads no pixels."""
+        return plan_input(
+            self.own_scene,
+            self.scene_name,
+            self.remove_bands,
+            self.remove_ranges_nm,
+            self.drop_water_bands,
+            self.pca_components,
+            self.patch_size,
+        )
 
     def train_on_validation_too(self) -> None:
         """Train on the training and validation pixels (`train.refit`); normalisation and PCA stay as fitted."""

@@ -3,20 +3,25 @@
 What training needs is the padded cube of the bands the model sees (the kept bands, or the PCA components),
 normalised: `padded_input` allocates that array once, in the layout the patch gatherer stores, and fills it block by
 block; the raw cube is never held whole. Normalisation and PCA are fitted on the training pixels only, which
-`training_spectra` reads in the same block-wise way. `peak_bytes` is what this costs, for the config check.
+`training_spectra` reads in the same block-wise way. `plan_input` says what this will cost before anything is read
+(`InputPlan.peak_bytes`), for the config check.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
 from hslite.datasets.cube_file import BLOCK_BYTES, CubeFile
+from hslite.datasets.own_scene import OwnScene, open_cube_spec, read_wavelengths
 from hslite.datasets.patches import PatchGatherer, to_device
-from hslite.datasets.preprocess import check_finite, check_pad, patch_radius
+from hslite.datasets.preprocess import check_finite, check_pad, kept_bands, patch_radius
+from hslite.datasets.scenes import get_scene_spec
 
 
 def training_spectra(
@@ -79,23 +84,74 @@ def reflect_edges(pixels: np.ndarray, radius: int) -> None:
         pixels[:, radius + cols - 1 + k] = pixels[:, radius + cols - 1 - k]
 
 
-def peak_bytes(shape: tuple[int, int, int], input_bands: int, patch_size: int, pca: bool) -> dict[str, int]:
-    """Host bytes a fit of a (rows, cols, bands) scene holds at its peak, by part (the config check adds them up).
+# Per-pixel arrays a fit holds beside its input while it maps the scene, bytes a pixel: the ground truth (int64), the
+# predicted classes by batch and joined (int64 each), and the map's classes and their label codes (int64 each); each
+# is one array in fit's code path (run/evaluate.py, run/outputs.py; map.png draws a subsample).
+MAP_BYTES_PER_PIXEL = 8 + 2 * 8 + 2 * 8
 
-    - input: the padded float32 input (`padded_input`), held for the whole run;
-    - blocks: one raw block, its kept bands, the normalised block and (PCA) its centred copy, while the input fills;
-    - pixels: per-pixel bookkeeping of the whole scene: the int64 label map as read and as classes, the map's
-      coordinates (2 × int64) and labels, and its predicted classes (int64), 48 bytes a pixel.
-    """
-    rows, cols, bands = shape
-    r = patch_radius(patch_size)
-    block_rows = max(1, min(rows, BLOCK_BYTES // (4 * cols * bands)))
-    block_floats = block_rows * cols * (3 * bands + (bands if pca else 0))
-    return {
-        "input": 4 * input_bands * (rows + 2 * r) * (cols + 2 * r),
-        "blocks": 4 * block_floats,
-        "pixels": 48 * rows * cols,
-    }
+
+@dataclass(frozen=True)
+class InputPlan:
+    """What a fit will hold of a scene, known before anything is read: its shape and the bands the model sees."""
+
+    shape: tuple[int, int, int]  # rows, cols, bands of the cube as read
+    kept_bands: int  # bands left after removal
+    input_bands: int  # bands the model sees: kept bands, or PCA components
+    patch_size: int
+    resident: bool  # the reader holds the raw cube whole for the run (a .mat, a registered scene)
+
+    def peak_bytes(self) -> dict[str, int]:
+        """Host bytes of the scene at a fit's peak, by part.
+
+        - input: the padded float32 input (`padded_input`), held for the whole run;
+        - blocks: one block of raw rows and what `preprocess_block` makes of it, while the input fills;
+        - map: `MAP_BYTES_PER_PIXEL` for every pixel of the scene;
+        - raw: the raw cube as float32 where the reader holds it whole, else 0.
+        """
+        rows, cols, bands = self.shape
+        r = patch_radius(self.patch_size)
+        block_pixels = max(1, min(rows, BLOCK_BYTES // (4 * cols * bands))) * cols
+        pca = self.input_bands if self.input_bands != self.kept_bands else 0
+        kept = self.kept_bands
+        # the raw block, its kept bands (a copy only when bands are removed), the normalised block, and with PCA the
+        # centred copy and the components: all alive at once inside preprocess_block
+        per_pixel = 4 * bands + (4 * kept if kept < bands else 0) + 4 * kept + (4 * kept + 4 * pca if pca else 0)
+        return {
+            "input": 4 * self.input_bands * (rows + 2 * r) * (cols + 2 * r),
+            "blocks": per_pixel * block_pixels,
+            "map": MAP_BYTES_PER_PIXEL * rows * cols,
+            "raw": 4 * rows * cols * bands if self.resident else 0,
+        }
+
+    def with_input(self, input_bands: int | None = None, patch_size: int | None = None) -> InputPlan:
+        """The same scene with fewer bands in (PCA, or band removal) or another patch size."""
+        bands = self.input_bands if input_bands is None else input_bands
+        return replace(self, input_bands=bands, patch_size=self.patch_size if patch_size is None else patch_size)
+
+
+def plan_input(
+    own_scene: OwnScene | None,
+    scene_name: str,
+    remove_bands: Sequence[int],
+    remove_ranges_nm: Sequence[Sequence[float]],
+    drop_water_bands: bool,
+    pca_components: int,
+    patch_size: int,
+) -> InputPlan:
+    """The InputPlan of a datamodule's arguments, from the cube's header (own cube) or its spec (registered scene)."""
+    if own_scene is not None:
+        cube = open_cube_spec(own_scene.cube, "data.scene")
+        shape, resident, wavelengths = cube.shape, cube.resident, cube.wavelengths_nm
+        if own_scene.wavelengths is not None:
+            wavelengths = read_wavelengths(Path(own_scene.wavelengths))
+        water: tuple[int, ...] = ()
+    else:
+        spec = get_scene_spec(scene_name)
+        shape, resident, wavelengths = spec.shape, True, spec.wavelengths_nm
+        water = spec.water_bands if drop_water_bands else ()
+    remove = sorted(set(remove_bands) | set(water))
+    _, kept = kept_bands(shape[2], wavelengths, remove, remove_ranges_nm)
+    return InputPlan(shape, int(kept.size), pca_components or int(kept.size), patch_size, resident)
 
 
 class ScenePatches(Dataset):

@@ -107,8 +107,11 @@ def build_datamodule(cfg: Config) -> HSIDataModule:
 
 def prepared_datamodule(cfg: Config) -> HSIDataModule:
     """The recipe's datamodule with its files checked (downloaded when allowed) and its split and patches built."""
+    from hslite.recipe.memory_check import check_host_memory
+
     datamodule = build_datamodule(cfg)
     datamodule.prepare_data()
+    check_host_memory(cfg, datamodule)  # before a pixel is read: a scene too large is one sentence, not the OOM killer
     datamodule.setup("fit")
     return datamodule
 

@@ -57,6 +57,9 @@ class DataConfig:
     # GPU plans: keep the padded cube in GPU memory and gather patches there (no patch crosses the bus; needs
     # num_workers=0; the probe then times that path); false gathers on the host into pinned memory
     gather_on_device: bool = False
+    # host memory a fit may use, GB (the scene is refused up front when its estimate is larger); 0 means what this
+    # machine, or its cgroup, has available when the run starts
+    host_memory_gb: float = ranged(0.0, AT_LEAST_0)
 
 
 @dataclass

@@ -13,6 +13,8 @@ import numpy as np
 from hslite.datasets.geotiff_out import write_geotiff
 from hslite.datasets.scenes import Scene, to_label_codes
 
+MAP_DPI = 120  # map.png's resolution, dots per inch
+
 
 def write_json(path: Path, payload: dict[str, Any]) -> None:
     """Write JSON atomically (temp file + rename), so a crash never leaves half a report."""
@@ -85,17 +87,19 @@ def plot_map(
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    # one byte per channel: an RGB float64 image of a flightline-sized map would be 24 bytes a pixel per panel
-    colours = np.round(255 * class_colours(len(class_names))).astype(np.uint8)
+    colours = np.round(255 * class_colours(len(class_names))).astype(np.uint8)  # one byte a channel, not float64's 8
     panels = [(predicted, "prediction")]
     if ground_truth is not None:
         panels.insert(0, (ground_truth, "ground truth"))
     height, width = predicted.shape
     aspect = width / height
     figsize = (len(panels) * 4.5 * min(2.0, max(0.5, aspect)) + 2.5, 4.8)
+    # A panel is drawn a few hundred pixels wide: a flightline's map is shown by every step-th pixel, as nearest-
+    # neighbour display would, so that matplotlib never holds RGBA copies of the whole scene (tens of bytes a pixel).
+    step = max(1, int(max(height, width) // (2 * MAP_DPI * max(figsize))))
     fig, axes = plt.subplots(1, len(panels), figsize=figsize, squeeze=False)
     for ax, (labels, title) in zip(axes[0], panels, strict=True):
-        ax.imshow(colours[labels], interpolation="nearest")
+        ax.imshow(colours[labels[::step, ::step]], interpolation="nearest")
         ax.set_title(title)
         ax.set_axis_off()
     numbers = range(1, len(class_names) + 1) if label_codes is None else [int(code) for code in label_codes]
@@ -103,7 +107,7 @@ def plot_map(
     handles = [Patch(color=colours[i] / 255, label=f"{number} {name}") for i, (number, name) in legend]
     fig.legend(handles=handles, loc="center right", fontsize=7, frameon=False)
     fig.tight_layout(rect=(0, 0, 0.78, 1))
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=MAP_DPI)
     plt.close(fig)
 
 
