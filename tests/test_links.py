@@ -80,9 +80,13 @@ def test_link_for_picks_intra_node_link_inside_a_node_and_inter_node_across():
     # channel groups stay inside a node while data parallelism crosses
     chag_plan = Plan(devices=8, num_nodes=2, accelerator="gpu", chag=4)
     assert topology.chag_link_for(chag_plan).bandwidth_bytes_per_second == 370e9
-    assert topology.mapping_notes(chag_plan) == []
-    assert "crosses nodes" in topology.mapping_notes(chag_plan.with_(chag=1, fsdp=True))[0]
-    assert load_topology("nvlink_8_ib_hdr_2nodes").mapping_notes(chag_plan.with_(chag=1, fsdp=True)) == []  # R ≈ 2
+    assert topology.mapping_refusal(chag_plan) is None
+    assert "FSDP's gathers and reduce-scatters across nodes" in topology.mapping_refusal(
+        chag_plan.with_(chag=1, fsdp=True)
+    )
+    assert "channel groups across nodes" in topology.mapping_refusal(chag_plan.with_(devices=6, chag=4))
+    assert topology.mapping_refusal(Plan(devices=6, accelerator="gpu", chag=4)) is None  # one node: nothing crosses
+    assert load_topology("nvlink_8_ib_hdr_2nodes").mapping_refusal(chag_plan.with_(chag=1, fsdp=True)) is None  # R ≈ 2
     with pytest.raises(ConfigError, match="has 8 × 2"):
         topology.link_for(Plan(devices=16, accelerator="gpu"))
 

@@ -222,11 +222,39 @@ def test_a_multinode_run_resumed_after_a_lost_node_ends_as_an_uninterrupted_one(
     assert resumed["OA"] == uninterrupted["OA"]
 
 
-def test_the_preflight_of_a_plan_across_nodes_is_decided_once_and_said_on_every_rank(tmp_path: Path) -> None:
-    agents = _torchrun_nodes(tmp_path, 2, 1, "preflight.enabled=true")  # no topology: the nodes' links are unknown
+def _preflight(root: Path) -> dict:
+    (run,) = [d for d in (root / "quickstart").iterdir() if d.is_dir() and "." not in d.name]
+    return json.loads((run / "preflight.json").read_text())
+
+
+def test_the_preflight_of_a_launched_job_measures_its_links_inside_and_across_nodes_and_its_mesh(tmp_path) -> None:
+    _wait(
+        _torchrun_nodes(tmp_path, 2, 2, "preflight.enabled=true", "preflight.enforce=false", "preflight.fresh=true"),
+        tmp_path,
+    )
+    report = _preflight(tmp_path)
+    links = report["links"]
+    assert links["intra_gbps"] > 0 and links["inter_gbps"] > 0 and links["inter_latency_us"] > 0
+    assert report["bandwidth_ratio"] == pytest.approx(links["intra_gbps"] / links["inter_gbps"])
+    assert report["mesh"]["nodes"] == [[0, 1], [2, 3]] and report["mesh"]["dp_groups"] == [[0, 1, 2, 3]]
+    assert "is a host's own, not a network's" in report["links_note"]  # both "nodes" are this machine
+    assert report["requested"] == "4×cpu dp4 b32 acc1 32-true" and report["decision"] in ("GO", "NO-GO")
+    assert any(r.startswith("links and device memory measured on this job's ranks: inside a node") for r in
+               report["reasons"])  # fmt: skip
+    print(f"measured: {links}; R = {report['bandwidth_ratio']:.2f}; mesh {report['mesh']}")
+
+
+def test_a_layout_the_calibrated_mapping_rule_refuses_is_refused_on_every_rank_before_training(tmp_path) -> None:
+    # The team's calibration says per-layer traffic crosses no link with R ≥ 0.5: the measured R = 1 (one-rank
+    # nodes, a flat network) refuses FSDP across the two nodes, and names the plan to run instead.
+    profile = (ROOT / "hslite/preflight/topologies/ib_hdr.yaml").read_text() + "max_cross_node_ratio: 0.5\n"
+    (tmp_path / "calibrated.yaml").write_text(profile)
+    agents = _torchrun_nodes(tmp_path, 2, 1, "preflight.enabled=true", "preflight.fresh=true", "parallel.fsdp=true",
+                             f"preflight.topology={tmp_path / 'calibrated.yaml'}")  # fmt: skip
     for agent in agents:
-        assert agent.wait(timeout=300) != 0
+        assert agent.wait(timeout=300) != 0  # the agent reports its rank failed; the rank exits 3 (NO-GO)
     for node in range(2):
         log = (tmp_path / f"node{node}.log").read_text()
-        assert "hslite: error: cannot check" in log and "the plan spans 2 nodes" in log, log[-3000:]
+        assert "hslite: error: pre-flight NO-GO for 2×cpu dp2 b32 acc1 32-true fsdp" in log, log[-3000:]
+        assert "sends FSDP's gathers and reduce-scatters across nodes, on a link 1.0× slower" in log, log[-3000:]
     assert not list(tmp_path.glob("quickstart/*")), "nothing is written before the verdict"

@@ -51,12 +51,12 @@ def test_the_bandwidth_ratio_threshold_is_the_profiles_setting(tmp_path):
         return [p for p in plans if p.fsdp and p.num_nodes > 1]
 
     assert not bundled.per_layer_across_nodes and not fsdp_across_nodes(bundled.per_layer_across_nodes)
-    assert any("max_cross_node_ratio" in note for note in bundled.mapping_notes(requested.with_(fsdp=True)))
+    assert "max_cross_node_ratio" in bundled.mapping_refusal(requested.with_(fsdp=True))
     profile = {**_as_file(bundled), "max_cross_node_ratio": 50.0}  # this cluster's calibration
     (tmp_path / "calibrated.yaml").write_text(yaml.safe_dump(profile))
     calibrated = load_topology(str(tmp_path / "calibrated.yaml"))
     assert calibrated.per_layer_across_nodes and fsdp_across_nodes(calibrated.per_layer_across_nodes)
-    assert calibrated.mapping_notes(requested.with_(fsdp=True)) == []
+    assert calibrated.mapping_refusal(requested.with_(fsdp=True)) is None
 
 
 def _as_file(topology) -> dict:

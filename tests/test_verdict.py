@@ -259,6 +259,24 @@ def test_two_nodes_on_a_slow_network_lose_to_one_nvlink_node():
     assert fsdp and all(p.num_nodes == 1 for p in fsdp)  # per-layer traffic is kept off the 34× slower link
 
 
+@pytest.mark.parametrize(
+    "layout, sent",
+    [({"fsdp": True}, "FSDP's gathers and reduce-scatters"), ({"devices": 6, "chag": 4}, "its channel groups")],
+    ids=["fsdp-across-nodes", "chag-across-nodes"],
+)
+def test_per_layer_communication_across_a_slow_inter_node_link_is_refused_with_the_rule(layout, sent):
+    # R = 370 / 11 ≈ 34 ≥ 4: the mapping rule keeps FSDP and channel groups inside a node, whatever they cost
+    requested = Plan(devices=8, num_nodes=2, accelerator="gpu", batch_size=64).with_(**layout)
+    verdict = run_preflight(requested, synthetic_probe, topology=load_topology("nvlink_8_100gbe_2nodes"))
+    assert verdict.go is False
+    (refusal,) = [r for r in verdict.reasons if "across nodes, on a link" in r]
+    assert f"sends {sent} across nodes, on a link 33.6× slower than inside a node" in refusal
+    assert "max_cross_node_ratio" in refusal
+    assert verdict.better_plan is not None and verdict.predictions[verdict.better_plan].mapping_refusal is None
+    refused = [row for row in verdict.rows if row["mapping_refusal"]]
+    assert refused and not any(row["passes"] for row in refused)
+
+
 def test_superlinear_cpu_efficiency_is_called_out_as_a_disturbed_probe():
     def disturbed_probe_for(plan: Plan) -> ProbeResult:  # the 2-thread probe ran while something else used the cores
         probe = cpu_probe_for(plan)

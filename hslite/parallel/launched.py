@@ -90,6 +90,14 @@ class LaunchedJob:
                 "--rdzv-endpoint."
             ) from None
 
+    def placement(self) -> list[tuple[int, str]]:
+        """(node, host name) of every global rank, as the launcher numbers nodes (a collective on the joined group)."""
+        import socket
+
+        where: list[Any] = [None] * self.world_size
+        dist.all_gather_object(where, (self.environment.node_rank(), socket.gethostname()))
+        return [(int(node), str(host)) for node, host in where]
+
     def from_leader(self, decide: Callable[[], T]) -> T:
         """Rank 0's `decide()` on every rank; an HSLiteError it raises is raised on every rank.
 
@@ -134,3 +142,18 @@ def launched_job() -> LaunchedJob | None:
     if world <= 1:
         return None
     return LaunchedJob(launcher, environment, world, int(nodes) if nodes else 1)
+
+
+# What torchrun and srun set for their ranks (and Lightning's environments read): a process hslite starts from a
+# launched rank for work of its own is no rank of the job and must not look like one.
+_LAUNCHER_VARIABLES = frozenset(
+    {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+     "ROLE_WORLD_SIZE", "ROLE_NAME", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT"}
+)  # fmt: skip
+_LAUNCHER_PREFIXES = ("TORCHELASTIC_", "TORCH_ELASTIC_", "SLURM_")
+
+
+def leave_the_job() -> None:
+    """Forget the launcher in this process: its variables go, so Lightning sees a box of its own."""
+    for name in [n for n in os.environ if n in _LAUNCHER_VARIABLES or n.startswith(_LAUNCHER_PREFIXES)]:
+        del os.environ[name]

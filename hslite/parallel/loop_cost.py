@@ -14,9 +14,10 @@ handed `measure_step_overhead` as a callable (`hslite.recipe.gate`).
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import socket
 import warnings
-from typing import cast
+from typing import Any, cast
 
 import lightning.pytorch as pl
 import torch
@@ -24,6 +25,8 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
 from hslite.cache import read_cache, write_cache
+from hslite.errors import HSLiteError
+from hslite.parallel.launched import leave_the_job
 from hslite.parallel.plan import Plan, threads_per_process, trainer_kwargs
 from hslite.parallel.rank_setup import quiet_lightning
 from hslite.parallel.timing import TrainThroughput
@@ -64,6 +67,34 @@ def measure_step_overhead(plan: Plan, num_classes: int, *, fresh: bool = False) 
     seconds = float(trainer.callback_metrics["perf/median_batch_seconds"])  # the slowest rank's
     write_cache("overhead", _cache_key(loop_plan, num_classes), {"step_seconds": seconds})
     return seconds
+
+
+def measure_step_overhead_apart(plan: Plan, num_classes: int, *, fresh: bool = False) -> float:
+    """`measure_step_overhead` in a process of its own: for a caller that is a rank of a launched job.
+
+    A Trainer built in such a rank finds the job's process group initialised (torchmetrics syncs its metrics over
+    it, with ranks that are not training) and the launcher's variables (Lightning takes them for its own job); the
+    loop is measured in a spawned process that has neither.
+    """
+    cached = None if fresh else cached_step_overhead(plan, num_classes)
+    if cached is not None:
+        return cached
+    context = mp.get_context("spawn")
+    queue = context.SimpleQueue()
+    child = context.Process(target=_measure_apart, args=(queue, plan, num_classes, fresh))
+    child.start()
+    child.join()
+    if child.exitcode != 0 or queue.empty():
+        raise HSLiteError(
+            f"the training loop's cost could not be measured in a process of its own (it ended with exit code "
+            f"{child.exitcode}); its output above says why, or set preflight.enabled=false to train unchecked."
+        )
+    return float(queue.get())
+
+
+def _measure_apart(queue: Any, plan: Plan, num_classes: int, fresh: bool) -> None:
+    leave_the_job()
+    queue.put(measure_step_overhead(plan, num_classes, fresh=fresh))
 
 
 def cached_step_overhead(plan: Plan, num_classes: int) -> float | None:

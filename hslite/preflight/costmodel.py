@@ -48,6 +48,8 @@ class Prediction:
     regime: str = "compute-bound"  # compute-, latency- or communication-bound (`regime.plan_regime`)
     oversubscription: float = 1.0  # CPU compute slow-down from ranks sharing cores, caches, memory; 1: none
     cpu_cores: int | None = None  # cores the CPU ranks share; None on GPU
+    # why the layout breaks the topology's mapping rule (`Topology.mapping_refusal`): it never passes
+    mapping_refusal: str | None = None
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:

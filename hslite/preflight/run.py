@@ -128,7 +128,7 @@ def run_preflight(
             loop_seconds=ranks_loop_seconds,
             alone_loop_seconds=alone_loop_seconds,
         )
-        pred.notes += topology.mapping_notes(plan) if topology is not None else []
+        pred.mapping_refusal = topology.mapping_refusal(plan) if topology is not None else None
         if plan == requested:
             priced_request.update(probe=probes[probe_key])
         plan_links[plan] = links[link_key]
@@ -174,9 +174,11 @@ def price_absent_devices(
         if plan.precision not in footprints:
             footprints[plan.precision] = footprint_for(plan)
         chag_link = topology.chag_link_for(plan) if plan.chag_enabled else None
-        return predict_footprint(
+        pred = predict_footprint(
             plan, footprints[plan.precision], topology.link_for(plan), topology.device_memory_bytes, chag_link=chag_link
         )
+        pred.mapping_refusal = topology.mapping_refusal(plan)
+        return pred
 
     predictions = _price_candidates(requested, price, topology.gpus_per_node, chag_supported,
                                     topology.per_layer_across_nodes, band_groups=band_groups)  # fmt: skip

@@ -41,6 +41,7 @@ class Topology:
     overlap: float = 0.0  # DDP overlap assumed for these links; 0 is the no-overlap bound
     # R from which per-layer communication stays inside a node: the seeds' 4, or this cluster's calibrated figure
     max_cross_node_ratio: float = PER_LAYER_CROSS_NODE_MAX_RATIO
+    measured: bool = False  # measured on a launched job's own ranks (`job_links`), not read from a profile
 
     @property
     def device_memory_bytes(self) -> int:
@@ -58,6 +59,21 @@ class Topology:
     def per_layer_across_nodes(self) -> bool:
         """Whether per-layer collectives (channel groups, FSDP) may span nodes: R below `max_cross_node_ratio`."""
         return self.bandwidth_ratio < self.max_cross_node_ratio
+
+    def describe_links(self) -> str:
+        """The links and R in a line: "inside a node 9.1 GB/s, 41 µs; across nodes 2.3 GB/s, 120 µs; R = 4.0 ..."."""
+        parts = [
+            f"{where} {gbps:.3g} GB/s, {latency:.3g} µs"
+            for where, gbps, latency in (
+                ("inside a node", self.intra_gbps, self.intra_latency_us),
+                ("across nodes", self.inter_gbps, self.inter_latency_us),
+            )
+            if gbps is not None and latency is not None
+        ]
+        ratio = "" if math.isinf(self.bandwidth_ratio) else f"; R = {self.bandwidth_ratio:.2g}"
+        return (
+            "; ".join(parts) + ratio + f" (per-layer communication crosses nodes below {self.max_cross_node_ratio:g})"
+        )
 
     def _link(self, gbps: float | None, latency_us: float | None, where: str) -> LinkModel:
         if gbps is None or latency_us is None:
@@ -89,21 +105,33 @@ class Topology:
             return self._link(self.intra_gbps, self.intra_latency_us, "intra")
         return self._link(self.inter_gbps, self.inter_latency_us, "inter")
 
-    def mapping_notes(self, plan: Plan) -> list[str]:
-        """Warnings when per-layer communication crosses nodes although the inter-node link is much slower."""
-        crosses = (plan.chag_enabled and plan.chag > plan.devices) or (plan.fsdp and plan.num_nodes > 1)
-        if not crosses or self.per_layer_across_nodes:
-            return []
-        return [
-            f"per-layer communication ({'channel groups' if plan.chag > plan.devices else 'FSDP'}) crosses nodes on "
-            f"a link {self.bandwidth_ratio:.1f}× slower than inside a node (threshold {self.max_cross_node_ratio:g}, "
-            "the profile's max_cross_node_ratio): keep it inside a node and use data parallelism across nodes"
-        ]
+    def mapping_refusal(self, plan: Plan) -> str | None:
+        """Why `plan` breaks the mapping rule (DESIGN §3), or None: per-layer communication across a slow link.
+
+        Channel groups are consecutive ranks, so they stay inside a node when `chag` divides the devices per node;
+        FSDP shards over every rank. Either crosses nodes only while R is below `max_cross_node_ratio`.
+        """
+        chag_crosses = plan.chag_enabled and plan.num_nodes > 1 and plan.devices % plan.chag != 0
+        fsdp_crosses = plan.fsdp and plan.num_nodes > 1
+        if not (chag_crosses or fsdp_crosses) or self.per_layer_across_nodes:
+            return None
+        what = "its channel groups" if chag_crosses else "FSDP's gathers and reduce-scatters"
+        inside = f"parallel.chag dividing parallel.devices={plan.devices}" if chag_crosses else "plain data parallelism"
+        return (
+            f"{plan.describe()} sends {what} across nodes, on a link {self.bandwidth_ratio:.1f}× slower than inside a "
+            f"node (R = B_intra / B_inter ≥ {self.max_cross_node_ratio:g}, the topology's max_cross_node_ratio): "
+            f"keep per-layer communication inside a node ({inside}) and data parallelism across nodes"
+        )
 
 
 def list_topologies() -> list[str]:
     """Names of the bundled topology profiles."""
     return bundled_names("topologies")
+
+
+def max_cross_node_ratio(topology: str | None) -> float:
+    """The bandwidth-ratio threshold of the mapping rule: `preflight.topology`'s (a team's calibration), else 4."""
+    return load_topology(topology).max_cross_node_ratio if topology else PER_LAYER_CROSS_NODE_MAX_RATIO
 
 
 def load_topology(name: str) -> Topology:

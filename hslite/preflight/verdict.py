@@ -143,7 +143,8 @@ class Verdict:
 
 
 def _passes(plan: Plan, prediction: Prediction, efficiency: float, min_efficiency: float) -> bool:
-    return prediction.fits_memory and (plan.world_size == 1 or efficiency >= min_efficiency)
+    fits = prediction.fits_memory and prediction.mapping_refusal is None
+    return fits and (plan.world_size == 1 or efficiency >= min_efficiency)
 
 
 def decide(requested: Plan, predictions: dict[Plan, Prediction], min_efficiency: float = 0.5) -> Verdict:
@@ -173,6 +174,7 @@ def decide(requested: Plan, predictions: dict[Plan, Prediction], min_efficiency:
                 "per_device_peak_bytes": pred.per_device_peak_bytes,
                 "memory_budget_bytes": pred.memory_budget_bytes,
                 "fits": pred.fits_memory,
+                "mapping_refusal": pred.mapping_refusal,
                 "passes": plan in passing,
                 "requested": plan == requested,
                 "notes": pred.notes,
@@ -251,6 +253,8 @@ def _reasons(plan: Plan, pred: Prediction, efficiency: float, min_efficiency: fl
             f"{plan.describe()} needs {gib(pred.per_device_peak_bytes)} per device but only "
             f"{gib(pred.memory_budget_bytes)} is available ({remedy})"
         )
+    if pred.mapping_refusal:
+        reasons.append(pred.mapping_refusal)
     if plan.world_size == 1:
         if pred.fits_memory:
             reasons.append(f"single-device plan fits ({gib(pred.per_device_peak_bytes)}): always GO")

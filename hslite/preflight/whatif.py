@@ -35,6 +35,7 @@ class FootprintPrediction:
     fits_memory: bool
     memory_budget_bytes: int
     memory_breakdown_bytes: dict[str, int] = field(default_factory=dict)
+    mapping_refusal: str | None = None  # `Topology.mapping_refusal`: a layout that is refused whatever its speed
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -114,5 +115,7 @@ def decide_without_compute(
             f"{' and '.join(moved)} per step: {pred.comm_seconds * 1e3:.3g} ms on the profile's links with none of "
             "it hidden under backward"
         )
-    go = None if pred.fits_memory else False
+    if pred.mapping_refusal:
+        reasons.append(pred.mapping_refusal)
+    go = None if pred.fits_memory and not pred.mapping_refusal else False
     return Verdict(go, requested, None, 0.0, reasons, None, None, predictions, rows, compute_measured=False)

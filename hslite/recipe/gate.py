@@ -74,6 +74,7 @@ def preflight_check(
     single_device_only: bool = False,
     from_profile: bool = False,
     max_devices: int | None = None,
+    topology: Topology | None = None,
 ) -> Verdict:
     """Probe, measure or read the links, price every candidate plan and decide: the recipe's pre-flight.
 
@@ -82,10 +83,12 @@ def preflight_check(
     `from_profile` prices from the profile even where the GPUs are here (benchmarks/gpu_smoke.py compares the two).
     `single_device_only` (a one-device fit) prices the requested device alone: no processes, no AMP probe.
     `max_devices` prices device counts up to it instead of up to this box's devices (`parallel.plan=auto` asks for
-    every count `fit` can start, CPU processes included).
+    every count `fit` can start, CPU processes included). `topology`: links measured on a launched job's own ranks
+    (`preflight.job_links`), which replace `preflight.topology`'s.
     """
     have = visible_devices(plan.accelerator)
-    topology = load_topology(cfg.preflight.topology) if cfg.preflight.topology else None
+    if topology is None and cfg.preflight.topology:
+        topology = load_topology(cfg.preflight.topology)
     profile = _device_profile(cfg)
     _check_decidable(plan, have, topology)
     compute_here = not (plan.accelerator == "gpu" and (from_profile or not torch.cuda.is_available()))

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from hslite.datasets.datamodule import HSIDataModule
 from hslite.datasets.patches import PatchDataset
 from hslite.models import architecture_digest, has_band_groups
-from hslite.parallel.loop_cost import measure_step_overhead
+from hslite.parallel.loop_cost import measure_step_overhead, measure_step_overhead_apart
 from hslite.parallel.plan import Plan
 from hslite.preflight.fake_tensors import fake_mode
 from hslite.preflight.footprint import measure_footprint
@@ -103,7 +103,10 @@ class RecipeParts:
     @property
     def topology_reason(self) -> str:
         """Where links and memory come from when a topology profile prices them."""
-        return f"links and device memory from the topology profile {self.cfg.preflight.topology!r}"
+        assert self.topology is not None
+        if self.topology.measured:
+            return f"links and device memory {self.topology.name}: {self.topology.describe_links()}"
+        return f"links and device memory from the topology profile {self.topology.name!r}"
 
     def footprint_for(self, plan: Plan) -> Footprint:
         """The model's sizes at `plan`'s batch and precision, counted on its fake tensors."""
@@ -119,5 +122,6 @@ class RecipeParts:
         startable = self.topology is None and (plan.accelerator == "cpu" or plan.devices <= self.have)
         ranks = plan.devices if self.compute_here and startable and plan.num_nodes == 1 else 1
         accelerator = plan.accelerator if self.compute_here else "cpu"
-        return measure_step_overhead(Plan(devices=ranks, accelerator=accelerator), self.classes,
-                                     fresh=self.cfg.preflight.fresh)  # fmt: skip
+        # A rank of a launched job (its process group is up) measures the loop in a process of its own.
+        measure = measure_step_overhead_apart if torch.distributed.is_initialized() else measure_step_overhead
+        return measure(Plan(devices=ranks, accelerator=accelerator), self.classes, fresh=self.cfg.preflight.fresh)

@@ -30,6 +30,7 @@ from hslite.parallel.rank_setup import quiet_lightning
 from hslite.parallel.rank_watch import RankActivity, launched_failure, rank_failure
 from hslite.parallel.timing import TrainThroughput
 from hslite.parallel.usage import RankUsage
+from hslite.preflight.topology import Topology, max_cross_node_ratio
 from hslite.preflight.verdict import Verdict
 from hslite.recipe.build import build_task, plan_from_config, prepared_datamodule
 from hslite.recipe.config import to_yaml
@@ -37,7 +38,7 @@ from hslite.recipe.schema import Config
 from hslite.run.checkpoints import AtomicCheckpointIO, BestCheckpoint, LastCheckpoint, load_weights, read_checkpoint
 from hslite.run.evaluate import batch_limit, predictions
 from hslite.run.folder import RunFolder, check_writable
-from hslite.run.launched_run import FolderView, run_folder, whole_task
+from hslite.run.launched_run import FolderView, measured_links, run_folder, whole_task
 from hslite.run.outputs import print_summary, write_json, write_scene_outputs
 from hslite.run.refit import refit
 from hslite.run.resume import LAST, check_checkpoint_config, flat_config
@@ -61,15 +62,18 @@ class RunResult:
         return path if path.is_file() else None
 
 
-def _gate(cfg: Config, plan: Plan, datamodule: HSIDataModule) -> Verdict | None:
-    """Run the pre-flight check; refuse a NO-GO plan (exit 3) unless preflight.enforce=false."""
+def _gate(cfg: Config, plan: Plan, datamodule: HSIDataModule, measured: Topology | None = None) -> Verdict | None:
+    """Run the pre-flight check; refuse a NO-GO plan (exit 3) unless preflight.enforce=false.
+
+    `measured`: a launched job's links, measured on its ranks (they replace preflight.topology's).
+    """
     if not cfg.preflight.enabled:
         return None
     from hslite.preflight.report import print_verdict
     from hslite.preflight.verdict import PreflightRefused
     from hslite.recipe.gate import preflight_check
 
-    verdict = preflight_check(cfg, plan, datamodule, single_device_only=plan.world_size == 1)
+    verdict = preflight_check(cfg, plan, datamodule, single_device_only=plan.world_size == 1, topology=measured)
     if not verdict.go:
         print_verdict(verdict)
         if cfg.preflight.enforce:
@@ -134,13 +138,19 @@ def fit(cfg: Config) -> RunResult:
     resume, last = _resume_point(cfg, datamodule)
     parent = Path(cfg.output.root) / cfg.recipe
     check_writable(resume.parent if resume else parent, _checkpoint_bytes(task) if cfg.output.save_checkpoint else 0)
-    verdict: Verdict | None
+    verdict: Verdict | None = None
+    job_record: dict[str, Any] = {}  # a launched job's measured links and mesh, for preflight.json
     if choice is not None:
         verdict = choice.verdict
     elif job is not None:
-        verdict = job.from_leader(lambda: _gate(cfg, plan, datamodule))  # one verdict; a NO-GO refused on every rank
+        measured = None
+        if cfg.preflight.enabled:
+            measured, job_record = measured_links(job, plan, max_cross_node_ratio(cfg.preflight.topology))
+        # A NO-GO is refused on every rank. Also the fence that keeps rank 0 from renaming a resumed folder (in
+        # run_folder) before every rank has read its checkpoint (in _resume_point).
+        verdict = job.from_leader(lambda: _gate(cfg, plan, datamodule, measured))
     else:
-        verdict = _gate(cfg, plan, datamodule)
+        verdict = _gate(cfg, plan, datamodule)  # None when preflight.enabled=false
 
     leader = job is None or job.leader
     with run_folder(parent, resume, job) as run:
@@ -154,7 +164,9 @@ def fit(cfg: Config) -> RunResult:
         if leader:
             metrics["resumed"] = run.resumptions
             if verdict is not None:
-                write_json(run.path / "preflight.json", _predicted_vs_measured(verdict, plan, metrics))
+                write_json(
+                    run.path / "preflight.json", {**_predicted_vs_measured(verdict, plan, metrics), **job_record}
+                )
             write_json(run.path / "metrics.json", metrics)
     if job is not None:  # rank 0's folder, renamed now, and metrics, on every rank
         run_dir, metrics = job.from_leader(lambda: (run.path, metrics))

@@ -1,13 +1,15 @@
 """A fit whose ranks a launcher started (`parallel/launched.py`): what global rank 0 keeps and the others are handed.
 
-Every rank loads the data, trains and refits; global rank 0 alone owns the run folder (it creates, locks and renames
-it; the others write only their `ranks/` activity files into it), decides the pre-flight, evaluates, maps and writes
-the reports. On several nodes the folder (output.root, and `resume=`) must be on a file system every node sees: the
-README's "Several nodes" says so, and rank 0's node has everything a run keeps if it is not.
+Every rank loads the data, measures the job's links with the others, trains and refits; global rank 0 alone owns the
+run folder (it creates, locks and renames it; the others write only their `ranks/` activity files into it), decides
+the pre-flight from the measured links, evaluates, maps and writes the reports. On several nodes the folder
+(output.root, and `resume=`) must be on a file system every node sees: the README's "Several nodes" says so, and
+rank 0's node has everything a run keeps if it is not.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -18,6 +20,8 @@ import lightning.pytorch as pl
 
 from hslite.parallel.launched import LaunchedJob
 from hslite.parallel.plan import Plan
+from hslite.preflight.job_links import job_mesh, measure_job_topology
+from hslite.preflight.topology import Topology
 from hslite.run.folder import RunFolder
 from hslite.task import HSIClassifier
 
@@ -42,6 +46,34 @@ def run_folder(parent: Path, resume: Path | None, job: LaunchedJob | None) -> It
             yield run
     else:
         yield FolderView(job.from_leader(lambda: parent))  # the lambda runs on rank 0 only: this is rank 0's path
+
+
+def measured_links(job: LaunchedJob, plan: Plan, max_cross_node_ratio: float) -> tuple[Topology, dict[str, Any]]:
+    """The job's links measured on its ranks (every rank calls this), and what preflight.json records of them.
+
+    The record: each link's figures, R against its threshold, and the mesh the plan builds on the launcher's nodes.
+    """
+    import torch
+
+    placement = job.placement()
+    node_of_rank = [node for node, _ in placement]
+    device = torch.device("cuda", torch.cuda.current_device()) if plan.accelerator == "gpu" else torch.device("cpu")
+    topology = measure_job_topology(node_of_rank, device, max_cross_node_ratio)
+    hosts = sorted({host for _, host in placement})
+    record: dict[str, Any] = {
+        "links": {name: getattr(topology, name) for name in topology.source},
+        "links_source": topology.source,
+        "bandwidth_ratio": None if math.isinf(topology.bandwidth_ratio) else topology.bandwidth_ratio,
+        "max_cross_node_ratio": max_cross_node_ratio,
+        "mesh": {**job_mesh(plan, node_of_rank), "hosts": hosts},
+    }
+    if len(hosts) < topology.nodes:  # two torchrun agents on one machine, as the tests and the README's demo start
+        record["links_note"] = (
+            f"the job's {topology.nodes} nodes run on {len(hosts)} host(s) ({', '.join(hosts)}): the link measured "
+            "across nodes is a host's own, not a network's, and unless each node's agent is pinned to cores of its "
+            "own (taskset) their ranks share them"
+        )
+    return topology, record
 
 
 def whole_task(
