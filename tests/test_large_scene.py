@@ -11,7 +11,9 @@ from pathlib import Path
 import fixtures_data as fx
 import numpy as np
 import pytest
+import torch
 
+from hslite.datasets.datamodule import HSIDataModule
 from hslite.datasets.io import open_cube
 from hslite.datasets.preprocess import BandNormalizer, PCAReducer, pad_reflect, preprocess_block
 from hslite.datasets.scene_input import padded_input, training_spectra
@@ -67,6 +69,30 @@ def test_a_memory_mapped_cube_read_by_blocks_keeps_one_block_resident(tmp_path):
     total = sum(float(block[-1, -1, -1]) for _, block in cube.blocks(block_bytes=2 * 2**20))
     assert total == pytest.approx(cube.shape[0] / cube.block_rows(2 * 2**20), abs=1)
     assert resident_bytes() - before < 0.25 * 4 * rows * cols * bands  # the mapped pages were handed back
+
+
+def test_on_disk_trains_on_the_same_patches_and_maps_the_same_scene(tmp_path):
+    write_large_scene(tmp_path / "cube.npy", tmp_path / "gt.npy", (150, 120, 12), labelled_fraction=0.1)
+    kwargs = {"labels": str(tmp_path / "gt.npy"), "pca_components": 4, "patch_size": 5, "eval_batch_size": 997}
+    kwargs.update(train_fraction=0.3, val_fraction=0.2)
+    held, on_disk = (
+        HSIDataModule(str(tmp_path / "cube.npy"), **kwargs, on_disk=flag) for flag in (False, True)
+    )  # fmt: skip
+    for module in (held, on_disk):
+        module.setup("fit")
+    for name in ("train", "val", "test"):
+        everything = list(range(len(held._datasets[name])))
+        pair = (module._datasets[name].__getitems__(everything) for module in (held, on_disk))
+        for a, b in zip(*pair, strict=True):
+            np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-6)
+    tiles = list(on_disk.predict_dataloader())
+    assert len(tiles) == len(on_disk.predict_dataloader())
+    mapped = [torch.cat(parts) for parts in zip(*tiles, strict=True)]
+    whole = [torch.cat(parts) for parts in zip(*held.predict_dataloader(), strict=True)]
+    for a, b in zip(whole, mapped, strict=True):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-6)
+    labelled = int((np.load(tmp_path / "gt.npy") > 0).sum())
+    assert on_disk._gatherer.storage.numel() == labelled * 5 * 5 * 4  # the labelled pixels' patches, not the scene
 
 
 def _own_scene_config(tmp_path: Path, *overrides: str):

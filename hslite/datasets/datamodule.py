@@ -16,10 +16,11 @@ import torch
 from torch.utils.data import DataLoader
 
 from hslite.datasets.fetch import ensure_file
+from hslite.datasets.input_plan import InputPlan, plan_input
 from hslite.datasets.own_scene import own_scene_for
 from hslite.datasets.patches import PatchDataset, PatchGatherer, collate_patches, stores_bands_first
 from hslite.datasets.preprocess import BandNormalizer, PCAReducer, kept_bands, preprocess_block
-from hslite.datasets.scene_input import InputPlan, ScenePatches, padded_input, plan_input, training_spectra
+from hslite.datasets.scene_input import ScenePatches, SceneTiles, padded_input, patch_bank, training_spectra
 from hslite.datasets.scenes import Scene, get_scene_spec, is_synthetic, load_scene, scene_folder
 from hslite.datasets.splits import Split, audit_leakage, load_split_for, make_split
 from hslite.errors import DataError
@@ -81,6 +82,7 @@ class HSIDataModule(lightning.LightningDataModule):
         ignore_label: int = 0,  # code of unlabelled pixels in `labels`
         pin_memory: bool = False,  # page-locked host batches, for a CUDA device; False: pageable
         gather_device: str | None = None,  # "cuda"/"cuda:N": cube on the GPU, gathered there; None: on the host
+        on_disk: bool = False,  # hold the labelled pixels' patches only, and map the scene a block at a time
     ):
         super().__init__()
         if gather_device is not None and _device_type(gather_device) not in ("cpu", "cuda"):
@@ -118,7 +120,9 @@ class HSIDataModule(lightning.LightningDataModule):
         self.seed = seed
         self.pin_memory = pin_memory
         self.gather_device = gather_device
-        self._datasets: dict[str, PatchDataset | ScenePatches] = {}
+        self.on_disk = on_disk
+        self._where: dict[str, np.ndarray] = {}  # each set's patch coordinates in the gatherer's image
+        self._datasets: dict[str, PatchDataset | ScenePatches | SceneTiles] = {}
         self._scene: Scene | None = None
         self._split: Split | None = None
         self._kept_bands: np.ndarray | None = None
@@ -135,7 +139,7 @@ class HSIDataModule(lightning.LightningDataModule):
         """
         state = self.__dict__.copy()
         state.update(_datasets={}, _scene=None, _split=None, _kept_bands=None, _normaliser=None, _pca=None)
-        state.update(_wavelengths=None, _num_bands=0)
+        state.update(_wavelengths=None, _num_bands=0, _where={})
         return state
 
     def prepare_data(self) -> None:
@@ -163,27 +167,40 @@ class HSIDataModule(lightning.LightningDataModule):
         if self.pca_components:
             self._pca = PCAReducer(self.pca_components).fit(self._normaliser.transform(train_pixels))
         device, use_kernel = self.gather_device or "cpu", self.gather_device is None  # "cpu" takes the GPU's path
-        bands_first = stores_bands_first(device, use_kernel=use_kernel)
-        normaliser, pca = self._normaliser, self._pca
-        padded = padded_input(
-            scene.source,
-            lambda block, first_row: preprocess_block(block, kept, normaliser, pca, first_row),
-            self.pca_components or int(kept.size),
-            self.patch_size,
-            bands_first,
-        )
+        normaliser, pca, num_bands = self._normaliser, self._pca, self.pca_components or int(kept.size)
+
+        def transform(block: np.ndarray, first_row: int) -> np.ndarray:
+            return preprocess_block(block, kept, normaliser, pca, first_row)
+
+        sets = {"train": split.train, "val": split.val, "test": split.test}
+        if self.on_disk:  # hold the labelled pixels' patches only; the scene is mapped a block at a time
+            labelled = np.concatenate(list(sets.values()))
+            image = patch_bank(scene.source, transform, num_bands, self.patch_size, labelled)
+            bank_at = np.stack([np.arange(len(labelled)) * self.patch_size, np.zeros(len(labelled), np.int64)], 1)
+            ends = np.cumsum([len(coords) for coords in sets.values()])[:-1]
+            self._where = dict(zip(sets, np.split(bank_at, ends), strict=True))
+            bands_first = True
+        else:
+            bands_first = stores_bands_first(device, use_kernel=use_kernel)
+            image = padded_input(scene.source, transform, num_bands, self.patch_size, bands_first)
+            self._where = sets
         gatherer = PatchGatherer(
-            padded,
+            image,
             self.patch_size,
             device=device,
             use_kernel=use_kernel,
             pin_memory=self.pinning,
             bands_first=bands_first,
         )
-        for name, coords in (("train", split.train), ("val", split.val), ("test", split.test)):
+        for name, coords in sets.items():
             labels = scene.gt[coords[:, 0], coords[:, 1]] - 1
-            self._datasets[name] = PatchDataset(gatherer, coords, labels, self.augment and name == "train", self.seed)
-        self._datasets["predict"] = ScenePatches(gatherer, scene.gt)
+            train = self.augment and name == "train"
+            self._datasets[name] = PatchDataset(gatherer, self._where[name], labels, train, self.seed)
+        self._datasets["predict"] = (
+            SceneTiles(scene.source, transform, self.patch_size, scene.gt, self.eval_batch_size)
+            if self.on_disk
+            else ScenePatches(gatherer, scene.gt)
+        )
         self._scene, self._split, self._kept_bands, self._wavelengths = scene, split, kept, wavelengths
         self._gatherer = gatherer
         self._num_bands = gatherer.num_bands
@@ -198,13 +215,15 @@ class HSIDataModule(lightning.LightningDataModule):
             self.drop_water_bands,
             self.pca_components,
             self.patch_size,
+            self.on_disk,
         )
 
     def train_on_validation_too(self) -> None:
         """Train on the training and validation pixels (`train.refit`); normalisation and PCA stay as fitted."""
         coords = np.concatenate([self.split.train, self.split.val])
         labels = self.scene.gt[coords[:, 0], coords[:, 1]] - 1
-        self._datasets["train"] = PatchDataset(self._gatherer, coords, labels, self.augment, self.seed)
+        where = np.concatenate([self._where["train"], self._where["val"]])  # in the patch bank with data.on_disk
+        self._datasets["train"] = PatchDataset(self._gatherer, where, labels, self.augment, self.seed)
 
     def _load_or_make_split(self, gt: np.ndarray) -> Split:
         if self.split_file is None:
@@ -230,6 +249,8 @@ class HSIDataModule(lightning.LightningDataModule):
                 "pin_memory=True page-locks batches for copies to a CUDA device, and torch sees none here: set "
                 "pin_memory=False (it is meant for GPU plans only)."
             )
+        if isinstance(self._datasets[name], SceneTiles):  # batches made by the dataset, from the open cube file
+            return DataLoader(self._datasets[name], batch_size=None)
         on_cuda = self.gather_device is not None and _device_type(self.gather_device) == "cuda"
         if on_cuda and not torch.cuda.is_available():
             raise DataError(

@@ -3,25 +3,22 @@
 What training needs is the padded cube of the bands the model sees (the kept bands, or the PCA components),
 normalised: `padded_input` allocates that array once, in the layout the patch gatherer stores, and fills it block by
 block; the raw cube is never held whole. Normalisation and PCA are fitted on the training pixels only, which
-`training_spectra` reads in the same block-wise way. `plan_input` says what this will cost before anything is read
-(`InputPlan.peak_bytes`), for the config check.
+`training_spectra` reads in the same block-wise way. With `data.on_disk` not even that copy is made: `patch_bank`
+gathers the labelled pixels' patches once, and `SceneTiles` maps the scene a block at a time (`scene_tiles`), as
+`hslite predict` does. What each costs is `input_plan`'s.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from pathlib import Path
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, IterableDataset
 
 from hslite.datasets.cube_file import BLOCK_BYTES, CubeFile
-from hslite.datasets.own_scene import OwnScene, open_cube_spec, read_wavelengths
 from hslite.datasets.patches import PatchGatherer, to_device
-from hslite.datasets.preprocess import check_finite, check_pad, kept_bands, patch_radius
-from hslite.datasets.scenes import get_scene_spec
+from hslite.datasets.preprocess import check_finite, check_pad, patch_radius
 
 
 def training_spectra(
@@ -69,6 +66,52 @@ def padded_input(
     return out
 
 
+def scene_tiles(
+    source: CubeFile, transform: Callable[[np.ndarray, int], np.ndarray], patch_size: int, block_rows: int
+) -> Iterator[tuple[int, int, PatchGatherer]]:
+    """(start, stop, gatherer) down the scene, `block_rows` rows at a time, for mapping it without holding it.
+
+    The gatherer holds rows start..stop-1 through `transform` with a halo of patch_size // 2 rows, reflected where the
+    halo runs off the scene as `pad_reflect` pads the whole scene: its patch (row - start, col) is the scene's
+    patch (row, col).
+    """
+    height = source.shape[0]
+    radius = patch_radius(patch_size)
+    for start in range(0, height, block_rows):
+        stop = min(height, start + block_rows)
+        low, high = max(0, start - radius), min(height, stop + radius)
+        block = transform(source.read(low, high), low)
+        rows_pad = (radius - (start - low), radius - (high - stop))
+        padded = np.pad(block, (rows_pad, (radius, radius), (0, 0)), mode="reflect")
+        yield start, stop, PatchGatherer(padded, patch_size)
+
+
+def patch_bank(
+    source: CubeFile,
+    transform: Callable[[np.ndarray, int], np.ndarray],
+    num_bands: int,
+    patch_size: int,
+    coords: np.ndarray,
+    block_bytes: int = BLOCK_BYTES,
+) -> np.ndarray:
+    """The patches around (n, 2) `coords`, gathered once a block at a time, as a (bands, n * p, p) float32 image.
+
+    Patch i is rows i*p..i*p+p-1 of that image: a PatchGatherer over it (bands_first=True) gathers patch i at (i*p, 0),
+    so training on a scene that is never held whole costs its labelled pixels' patches, not the scene.
+    """
+    p = patch_size
+    bank = np.empty((num_bands, len(coords), p, p), dtype=np.float32)
+    order = np.argsort(coords[:, 0], kind="stable")
+    rows = coords[order, 0]
+    for start, stop, gatherer in scene_tiles(source, transform, p, source.block_rows(block_bytes)):
+        low, high = np.searchsorted(rows, (start, stop))
+        if high > low:
+            picked = order[low:high]
+            local = torch.as_tensor(coords[picked] - (start, 0), dtype=torch.long)
+            bank[:, picked] = gatherer.gather(local).numpy().transpose(1, 0, 2, 3)
+    return bank.reshape(num_bands, len(coords) * p, p)
+
+
 def reflect_edges(pixels: np.ndarray, radius: int) -> None:
     """Fill the `radius`-wide border of a padded (rows, cols, ...) array in place by reflection about its edge pixels.
 
@@ -82,76 +125,6 @@ def reflect_edges(pixels: np.ndarray, radius: int) -> None:
     for k in range(1, radius + 1):
         pixels[:, radius - k] = pixels[:, radius + k]
         pixels[:, radius + cols - 1 + k] = pixels[:, radius + cols - 1 - k]
-
-
-# Per-pixel arrays a fit holds beside its input while it maps the scene, bytes a pixel: the ground truth (int64), the
-# predicted classes by batch and joined (int64 each), and the map's classes and their label codes (int64 each); each
-# is one array in fit's code path (run/evaluate.py, run/outputs.py; map.png draws a subsample).
-MAP_BYTES_PER_PIXEL = 8 + 2 * 8 + 2 * 8
-
-
-@dataclass(frozen=True)
-class InputPlan:
-    """What a fit will hold of a scene, known before anything is read: its shape and the bands the model sees."""
-
-    shape: tuple[int, int, int]  # rows, cols, bands of the cube as read
-    kept_bands: int  # bands left after removal
-    input_bands: int  # bands the model sees: kept bands, or PCA components
-    patch_size: int
-    resident: bool  # the reader holds the raw cube whole for the run (a .mat, a registered scene)
-
-    def peak_bytes(self) -> dict[str, int]:
-        """Host bytes of the scene at a fit's peak, by part.
-
-        - input: the padded float32 input (`padded_input`), held for the whole run;
-        - blocks: one block of raw rows and what `preprocess_block` makes of it, while the input fills;
-        - map: `MAP_BYTES_PER_PIXEL` for every pixel of the scene;
-        - raw: the raw cube as float32 where the reader holds it whole, else 0.
-        """
-        rows, cols, bands = self.shape
-        r = patch_radius(self.patch_size)
-        block_pixels = max(1, min(rows, BLOCK_BYTES // (4 * cols * bands))) * cols
-        pca = self.input_bands if self.input_bands != self.kept_bands else 0
-        kept = self.kept_bands
-        # the raw block, its kept bands (a copy only when bands are removed), the normalised block, and with PCA the
-        # centred copy and the components: all alive at once inside preprocess_block
-        per_pixel = 4 * bands + (4 * kept if kept < bands else 0) + 4 * kept + (4 * kept + 4 * pca if pca else 0)
-        return {
-            "input": 4 * self.input_bands * (rows + 2 * r) * (cols + 2 * r),
-            "blocks": per_pixel * block_pixels,
-            "map": MAP_BYTES_PER_PIXEL * rows * cols,
-            "raw": 4 * rows * cols * bands if self.resident else 0,
-        }
-
-    def with_input(self, input_bands: int | None = None, patch_size: int | None = None) -> InputPlan:
-        """The same scene with fewer bands in (PCA, or band removal) or another patch size."""
-        bands = self.input_bands if input_bands is None else input_bands
-        return replace(self, input_bands=bands, patch_size=self.patch_size if patch_size is None else patch_size)
-
-
-def plan_input(
-    own_scene: OwnScene | None,
-    scene_name: str,
-    remove_bands: Sequence[int],
-    remove_ranges_nm: Sequence[Sequence[float]],
-    drop_water_bands: bool,
-    pca_components: int,
-    patch_size: int,
-) -> InputPlan:
-    """The InputPlan of a datamodule's arguments, from the cube's header (own cube) or its spec (registered scene)."""
-    if own_scene is not None:
-        cube = open_cube_spec(own_scene.cube, "data.scene")
-        shape, resident, wavelengths = cube.shape, cube.resident, cube.wavelengths_nm
-        if own_scene.wavelengths is not None:
-            wavelengths = read_wavelengths(Path(own_scene.wavelengths))
-        water: tuple[int, ...] = ()
-    else:
-        spec = get_scene_spec(scene_name)
-        shape, resident, wavelengths = spec.shape, True, spec.wavelengths_nm
-        water = spec.water_bands if drop_water_bands else ()
-    remove = sorted(set(remove_bands) | set(water))
-    _, kept = kept_bands(shape[2], wavelengths, remove, remove_ranges_nm)
-    return InputPlan(shape, int(kept.size), pca_components or int(kept.size), patch_size, resident)
 
 
 class ScenePatches(Dataset):
@@ -175,3 +148,37 @@ class ScenePatches(Dataset):
         index = torch.as_tensor(indices, dtype=torch.long)
         x = self.gatherer.gather(torch.stack((index // self.cols, index % self.cols), dim=1))
         return x, to_device(self.gt[index] - 1, x.device)
+
+
+class SceneTiles(IterableDataset):
+    """Every pixel's patch in row-major order, in batches, from a scene read a block at a time (`scene_tiles`).
+
+    For `data.on_disk`: only one block of the scene is held. Yields (x, y) batches of up to `batch_size` pixels, y
+    the class - 1 (-1 unlabelled); use with DataLoader(batch_size=None) in the process that made it (the cube file is
+    open here).
+    """
+
+    def __init__(
+        self,
+        source: CubeFile,
+        transform: Callable[[np.ndarray, int], np.ndarray],
+        patch_size: int,
+        gt: np.ndarray,
+        batch_size: int,
+    ):
+        self.source, self.transform, self.patch_size, self.batch_size = source, transform, patch_size, batch_size
+        self.cols = int(gt.shape[1])
+        self.gt = torch.from_numpy(np.ascontiguousarray(gt).reshape(-1))
+
+    def __len__(self) -> int:
+        """Batches: a tile's pixels are split into batches of its own."""
+        height, step = self.source.shape[0], self.source.block_rows()
+        tiles = [min(step, height - start) * self.cols for start in range(0, height, step)]
+        return sum(-(-pixels // self.batch_size) for pixels in tiles)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        tiles = scene_tiles(self.source, self.transform, self.patch_size, self.source.block_rows())
+        for start, stop, gatherer in tiles:
+            for index in torch.arange((stop - start) * self.cols).split(self.batch_size):
+                x = gatherer.gather(torch.stack((index // self.cols, index % self.cols), dim=1))
+                yield x, self.gt[start * self.cols + index] - 1

@@ -102,6 +102,7 @@ def build_datamodule(cfg: Config) -> HSIDataModule:
         # the GPU itself. Not where no GPU is here: a GPU plan is then only priced, from a device profile.
         pin_memory=on_gpu,
         gather_device="cuda" if on_gpu and d.gather_on_device else None,
+        on_disk=d.on_disk,
     )
 
 

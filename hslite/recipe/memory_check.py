@@ -14,7 +14,7 @@ import resource
 from pathlib import Path
 
 from hslite.datasets.datamodule import HSIDataModule
-from hslite.datasets.scene_input import InputPlan
+from hslite.datasets.input_plan import InputPlan
 from hslite.errors import ConfigError
 from hslite.recipe.schema import Config
 
@@ -98,6 +98,8 @@ def _what_fits(plan: InputPlan, held: int, budget: int, scene: str) -> str:
         patch -= 2
     if patch >= 1:
         fixes.append(f"data.patch_size={patch}")
+    if not plan.on_disk and need_bytes(plan.with_input(on_disk=True), held) <= budget:
+        fixes.append("data.on_disk=true (the labelled pixels' patches held, the scene mapped a block at a time)")
     if plan.resident and Path(scene.split(":")[0]).suffix:
         fixes.append("the cube saved as .npy, ENVI or GeoTIFF (read a block at a time, not whole)")
     fixes.append("more memory (data.host_memory_gb says how much this run may use)")

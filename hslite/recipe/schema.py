@@ -60,6 +60,9 @@ class DataConfig:
     # host memory a fit may use, GB (the scene is refused up front when its estimate is larger); 0 means what this
     # machine, or its cgroup, has available when the run starts
     host_memory_gb: float = ranged(0.0, AT_LEAST_0)
+    # hold only the labelled pixels' patches (gathered once from the cube, read a block at a time) and map the scene
+    # a block at a time, for a cube of which even one float32 copy does not fit; false holds the padded scene
+    on_disk: bool = False
 
 
 @dataclass

@@ -29,8 +29,8 @@ from hslite.datasets.cube_file import CubeFile
 from hslite.datasets.fitted import FittedPreprocessing
 from hslite.datasets.geotiff_out import geotiff_writer, write_geotiff
 from hslite.datasets.own_scene import OwnScene, open_cube_spec
-from hslite.datasets.patches import PatchGatherer
 from hslite.datasets.preprocess import patch_radius
+from hslite.datasets.scene_input import scene_tiles
 from hslite.datasets.scenes import load_scene, to_label_codes
 from hslite.errors import ConfigError, DataError
 from hslite.parallel.rotation import RotationSchedule, SubsetEnsemble
@@ -201,20 +201,12 @@ def _map_blocks(
     from rich.progress import Progress
 
     height, width, _ = source.shape
-    radius = patch_radius(prep.patch_size)
     device = next(model.parameters()).device
     classes = np.zeros((height, width), dtype=np.min_scalar_type(prep.num_classes))
     with Progress(disable=not options.progress) as bar:
         task = bar.add_task(f"predicting {height}×{width} pixels", total=height)
-        for start in range(0, height, block_rows):
-            stop = min(height, start + block_rows)
-            low, high = max(0, start - radius), min(height, stop + radius)
-            block = prep.apply(source.read(low, high), first_row=low)
-            # Where the halo runs off the scene, reflect: pad_reflect did the same to the whole scene in fit.
-            rows_pad = (radius - (start - low), radius - (high - stop))
-            gatherer = PatchGatherer(
-                np.pad(block, (rows_pad, (radius, radius), (0, 0)), mode="reflect"), prep.patch_size
-            )
+        transform = prep.apply  # (block, first_row) -> the model's bands, as the datamodule made them in fit
+        for start, stop, gatherer in scene_tiles(source, transform, prep.patch_size, block_rows):
             grid = torch.stack(torch.meshgrid(torch.arange(stop - start), torch.arange(width), indexing="ij"), -1)
             with torch.inference_mode():
                 logits = torch.cat(
