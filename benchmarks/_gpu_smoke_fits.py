@@ -153,7 +153,7 @@ class StrategyProbe(pl.Callback):
 
 def _fit_with(ctx: Context, cfg: Config, precision: str, strategy: Any) -> dict[str, float]:
     """A short Lightning fit of the recipe's task with `strategy` on one device; the callback metrics."""
-    from hslite.parallel.plan import trainer_kwargs
+    from hslite.parallel.trainer_args import trainer_kwargs
     from hslite.recipe.build import build_task, plan_from_config, prepared_datamodule
 
     plan = plan_from_config(cfg)
@@ -182,8 +182,8 @@ def check_strategies(ctx: Context) -> None:
     """(b) hslite's DDP, int8-compressed DDP and FSDP2 strategies, built as fit builds them, at world size 1."""
 
     from hslite.parallel.fsdp import ShardedStrategy
-    from hslite.parallel.plan import PROCESS_GROUP_TIMEOUT, process_group_backend
     from hslite.parallel.strategies import CompressedDDPStrategy, FencedDDPStrategy
+    from hslite.parallel.trainer_args import PROCESS_GROUP_TIMEOUT, process_group_backend
 
     backend = process_group_backend(ctx.accelerator)
     cfg = load_config("quickstart", [*_quick(ctx), "preflight.enabled=false"])

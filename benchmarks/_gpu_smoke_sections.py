@@ -155,7 +155,7 @@ def _served_by(device: torch.device) -> str:
 
 def check_collectives(ctx: Context) -> None:
     """(a) Every collective hslite issues, in a one-rank group with hslite's own backend, on the device's tensors."""
-    from hslite.parallel.plan import process_group_backend
+    from hslite.parallel.trainer_args import process_group_backend
 
     backend = process_group_backend(ctx.accelerator)
     device = ctx.device

@@ -140,7 +140,7 @@ def _cmd_data(args: argparse.Namespace) -> int:
 
 
 def _cmd_topology(args: argparse.Namespace) -> int:
-    from hslite.parallel.plan import resolve_accelerator
+    from hslite.parallel.box import resolve_accelerator
     from hslite.preflight.topology import load_topology
     from hslite.preflight.topology_file import measure_topology, write_topology
 

@@ -9,7 +9,8 @@ import yaml
 from quick_fit import QUICK_FIT
 
 from hslite.errors import ConfigError
-from hslite.parallel.plan import Plan, startable_devices
+from hslite.parallel.box import startable_devices
+from hslite.parallel.plan import Plan
 from hslite.preflight.costmodel import Prediction
 from hslite.preflight.verdict import decide
 from hslite.recipe.auto_plan import choose_plan, explain, fewest_devices_near_best

@@ -18,9 +18,10 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from test_ddp import FixedData
 
 from hslite.models import get_model
-from hslite.parallel.plan import Plan, process_group_backend, trainer_kwargs
+from hslite.parallel.plan import Plan
 from hslite.parallel.rotation import RotationSchedule
 from hslite.parallel.timing import TrainThroughput
+from hslite.parallel.trainer_args import process_group_backend, trainer_kwargs
 from hslite.parallel.usage import RankUsage
 from hslite.run.training_state import TrainingState
 from hslite.task import HSIClassifier

@@ -11,8 +11,9 @@ from torch.utils.data import DataLoader, DistributedSampler
 from hslite.datasets.patches import PatchDataset, collate_patches
 from hslite.datasets.scenes import load_scene
 from hslite.models import get_model
-from hslite.parallel.plan import Plan, trainer_kwargs
+from hslite.parallel.plan import Plan
 from hslite.parallel.rotation import RotationSchedule
+from hslite.parallel.trainer_args import trainer_kwargs
 from hslite.task import HSIClassifier
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]

@@ -23,9 +23,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from hslite.datasets.datamodule import HSIDataModule
 from hslite.models import get_model
-from hslite.parallel.plan import Plan, trainer_kwargs
+from hslite.parallel.plan import Plan
 from hslite.parallel.rank_watch import RankActivity
 from hslite.parallel.timing import TrainThroughput
+from hslite.parallel.trainer_args import trainer_kwargs
 from hslite.parallel.usage import RankUsage
 from hslite.task import HSIClassifier
 

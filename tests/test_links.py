@@ -79,7 +79,7 @@ def test_link_for_picks_intra_node_link_inside_a_node_and_inter_node_across():
     assert topology.bandwidth_ratio == pytest.approx(370 / 11)
     # channel groups stay inside a node while data parallelism crosses
     chag_plan = Plan(devices=8, num_nodes=2, accelerator="gpu", chag=4)
-    assert topology.chag_link_for(chag_plan).bandwidth_bytes_per_second == 370e9
+    assert topology.node_link_for(chag_plan).bandwidth_bytes_per_second == 370e9
     assert topology.mapping_refusal(chag_plan) is None
     assert "FSDP's gathers and reduce-scatters across nodes" in topology.mapping_refusal(
         chag_plan.with_(chag=1, fsdp=True)

@@ -53,7 +53,7 @@ def _env() -> dict[str, str]:
 def _node_cores(node: int, nodes: int) -> Callable[[], None]:
     """Pin a "node" to its share of this machine's cores, as a machine of its own would be.
 
-    A rank's thread count follows the cores it sees (`plan.threads_per_process`): unpinned, the one rank of each of
+    A rank's thread count follows the cores it sees (`box.threads_per_process`): unpinned, the one rank of each of
     two "nodes" would run all cores' threads, the spawned box's ranks half as many, and their sums would round apart.
     """
     cores = sorted(os.sched_getaffinity(0))
@@ -104,6 +104,8 @@ def _one_box(out: Path, devices: int, *overrides: str) -> dict:
         pytest.param(2, 1, [], id="dp"),
         pytest.param(2, 1, ["parallel.compression=int8"], id="int8"),
         pytest.param(2, 1, ["parallel.fsdp=true"], id="fsdp"),
+        # one replica per node: its shard group is the node's one rank (on one box, plain FSDP over both)
+        pytest.param(2, 1, ["parallel.fsdp=true", "parallel.hybrid_shard=true"], id="hsdp"),
         # one node under torchrun is a launched job too; two ranks of a node split the channel groups
         pytest.param(
             1, 2, ["model.name=channel_vit", "parallel.chag=2", "parallel.rotation_groups=2"], id="chag2-rot2"
@@ -134,6 +136,26 @@ def _slurm_rank(out: Path, rank: int, port: int) -> subprocess.Popen:
     log = (out / f"node{rank}.log").open("w")
     return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=out,
                             preexec_fn=_node_cores(rank, 2))  # fmt: skip
+
+
+def test_hybrid_sharding_shards_inside_each_node_and_trains_what_fsdp_over_every_rank_trains(tmp_path) -> None:
+    launched_root, box = tmp_path / "nodes", tmp_path / "box"
+    launched_root.mkdir(), box.mkdir()
+    hsdp = ("parallel.fsdp=true", "parallel.hybrid_shard=true")
+    _wait(_torchrun_nodes(launched_root, 2, 2, *hsdp), launched_root)
+    launched = _metrics(launched_root)
+    spawned = _one_box(box, 4, "parallel.fsdp=true")  # one shard group of 4
+    assert launched["plan_that_ran"] == "4×cpu dp4 b32 acc1 32-true hsdp"
+    # the same gradient, summed in another order (a reduce-scatter in each node, then an all-reduce across)
+    for key in ("OA", "AA", "kappa"):
+        assert launched[key] == pytest.approx(spawned[key], abs=5e-3), key
+    # bytes a rank sends per step, per fp32 parameter: gathers and reduce-scatters over its node's 2 ranks and 1/2
+    # of the gradient all-reduced over the 2 nodes (1/2·12 + 2·1/2·4/2 = 8) against 3/4·12 = 9 over all 4 ranks
+    from hslite.parallel.wire_format import fsdp_wire_bytes
+
+    ratio = launched["usage"]["computed_bytes_per_step"] / spawned["usage"]["computed_bytes_per_step"]
+    assert ratio == pytest.approx(fsdp_wire_bytes(4, 4, shards=2, replicas=2) / fsdp_wire_bytes(4, 4, shards=4))
+    assert ratio == pytest.approx(8 / 9)
 
 
 def test_a_simulated_slurm_step_trains_what_one_box_trains(tmp_path: Path) -> None:

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from hslite.parallel.loop_cost import measure_step_overhead
-from hslite.parallel.plan import Plan, trainer_kwargs
+from hslite.parallel.plan import Plan
+from hslite.parallel.trainer_args import trainer_kwargs
 
 
 @pytest.fixture

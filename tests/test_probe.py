@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from hslite.errors import ConfigError
-from hslite.parallel.plan import Plan, threads_per_process
+from hslite.parallel.box import threads_per_process
+from hslite.parallel.plan import Plan
 from hslite.preflight import feature_costs, step_timing
 from hslite.preflight import probe as probe_module
 from hslite.preflight.measurements import ProbeResult

@@ -19,8 +19,9 @@ from test_ddp import FixedData
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
 from hslite.models import get_model
-from hslite.parallel.plan import Plan, trainer_kwargs
+from hslite.parallel.plan import Plan
 from hslite.parallel.rank_watch import launched_failure, rank_failure
+from hslite.parallel.trainer_args import trainer_kwargs
 from hslite.task import HSIClassifier
 
 WATCHDOG_LINE = (

@@ -48,7 +48,7 @@ def test_the_bandwidth_ratio_threshold_is_the_profiles_setting(tmp_path):
 
     def fsdp_across_nodes(across: bool) -> list[Plan]:
         plans = candidate_plans(requested, 8, include_fsdp=True, per_layer_across_nodes=across)
-        return [p for p in plans if p.fsdp and p.num_nodes > 1]
+        return [p for p in plans if p.fsdp and p.num_nodes > 1 and not p.hybrid_shard]
 
     assert not bundled.per_layer_across_nodes and not fsdp_across_nodes(bundled.per_layer_across_nodes)
     assert "max_cross_node_ratio" in bundled.mapping_refusal(requested.with_(fsdp=True))

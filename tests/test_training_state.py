@@ -14,8 +14,9 @@ from collective_recorder import RecordCollectives, check_collectives, recorded
 from test_ddp import FixedData
 
 from hslite.models import get_model
-from hslite.parallel.plan import Plan, process_group_backend, trainer_kwargs
+from hslite.parallel.plan import Plan
 from hslite.parallel.strategies import CHECKPOINT_KEY, CompressedDDPStrategy
+from hslite.parallel.trainer_args import process_group_backend, trainer_kwargs
 from hslite.run.checkpoints import LastCheckpoint, read_checkpoint
 from hslite.run.training_state import TrainingState
 from hslite.task import HSIClassifier

@@ -12,7 +12,8 @@ from rich.console import Console
 from torch import nn
 
 from hslite.errors import ConfigError
-from hslite.parallel.plan import Plan, threads_per_process
+from hslite.parallel.box import threads_per_process
+from hslite.parallel.plan import Plan
 from hslite.preflight.candidates import candidate_plans
 from hslite.preflight.costmodel import predict
 from hslite.preflight.links import measure_links_for
@@ -256,7 +257,31 @@ def test_two_nodes_on_a_slow_network_lose_to_one_nvlink_node():
         )
         if p.fsdp
     ]
-    assert fsdp and all(p.num_nodes == 1 for p in fsdp)  # per-layer traffic is kept off the 34× slower link
+    # per-layer traffic is kept off the 34× slower link: FSDP over every rank only inside a node; across nodes it
+    # shards inside each node (hybrid) and all-reduces one shard per node across
+    assert fsdp and all(p.num_nodes == 1 or p.hybrid_shard for p in fsdp)
+    assert any(p.num_nodes == 2 and p.hybrid_shard for p in fsdp)
+
+
+def test_hybrid_sharding_keeps_fsdp_inside_a_node_and_prices_one_shard_all_reduce_across() -> None:
+    topology = load_topology("nvlink_8_100gbe_2nodes")
+    fsdp = Plan(devices=8, num_nodes=2, accelerator="gpu", batch_size=64, fsdp=True)
+    hsdp = fsdp.with_(hybrid_shard=True)
+    assert hsdp.describe() == "16×gpu dp16 b64 acc1 32-true hsdp" and hsdp.shard_ranks == 8 and fsdp.shard_ranks == 16
+    assert "parallel.fsdp=true parallel.hybrid_shard=true" in hsdp.overrides()
+    assert topology.mapping_refusal(hsdp) is None and "parallel.hybrid_shard=true" in topology.mapping_refusal(fsdp)
+    assert topology.node_link_for(hsdp).bandwidth_bytes_per_second == 370e9  # the shard group's link: NVLink
+    verdict = run_preflight(fsdp, synthetic_probe, topology=topology)
+    priced = verdict.predictions
+    assert priced[hsdp].comm_seconds < priced[fsdp].comm_seconds  # gathers on NVLink, one 1/8 shard over 100GbE
+    sizes = synthetic_probe(fsdp)
+    gathered = sizes.param_count * 4  # fp32 parameters, gathered twice; fp32 gradients reduce-scattered
+    inside = 7 / 8 * (2 * gathered + sizes.grad_bytes)
+    across = 2 * 1 / 2 * sizes.grad_bytes / 8  # the all-reduce of each rank's 1/8 gradient shard over 2 replicas
+    assert priced[hsdp].grad_bytes_per_step == pytest.approx(inside + across)
+    assert priced[hsdp].per_device_peak_bytes > priced[fsdp].per_device_peak_bytes  # 8 shards, not 16
+    with pytest.raises(ConfigError, match="hybrid_shard is how FSDP shards across nodes"):
+        Plan(devices=8, num_nodes=2, hybrid_shard=True).validate()
 
 
 @pytest.mark.parametrize(

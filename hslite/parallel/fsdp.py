@@ -5,7 +5,9 @@ such as `fit` cannot work that way, and inside pytest it relaunches pytest). `Sh
 ModelParallelStrategy with every rank data-parallel (`data_parallel_size` = world size: its single-node default would
 make every device tensor-parallel and shard no data), launched by spawning like hslite's DDP, and with full-state
 checkpoints: one file that loads back on any world size, and on one device for test, map and predict. What is
-sharded, unit by unit, is `fsdp_policy`'s choice.
+sharded, unit by unit, is `fsdp_policy`'s choice. Hybrid sharding (HSDP, `replicas` > 1, one replica per node) shards
+over a (replicate, shard) mesh whose shard groups are a node's consecutive ranks: FSDP2 gathers and reduce-scatters
+inside a node and all-reduces each shard across the replicas.
 """
 
 from __future__ import annotations
@@ -35,7 +37,15 @@ class ShardedStrategy(DestroyedAtExit, FencedBarrier, ModelParallelStrategy):
     `strategies.DestroyedAtExit` why each rank destroys its group at exit.
     """
 
-    def __init__(self, world_size: int, precision: str, backend: str, timeout: timedelta, spawn: bool = True) -> None:
+    def __init__(
+        self,
+        world_size: int,
+        precision: str,
+        backend: str,
+        timeout: timedelta,
+        spawn: bool = True,
+        replicas: int = 1,
+    ) -> None:
         super().__init__(
             data_parallel_size=world_size,
             tensor_parallel_size=1,
@@ -43,11 +53,21 @@ class ShardedStrategy(DestroyedAtExit, FencedBarrier, ModelParallelStrategy):
             process_group_backend=backend,
             timeout=timeout,
         )
-        self.compute_precision, self.spawn = precision, spawn
+        self.compute_precision, self.spawn, self.replicas = precision, spawn, replicas
 
     def shard(self, model: nn.Module) -> None:
-        """Shard `model` over the data-parallel mesh (the LightningModule's configure_model calls this)."""
-        shard_model(model, self.device_mesh["data_parallel"], self.compute_precision)
+        """Shard `model` over the data-parallel mesh (the LightningModule's configure_model calls this).
+
+        Every rank stays data-parallel (Lightning's sampler reads the 1-D mesh); under hybrid sharding the same ranks
+        are viewed as (replicas, ranks per replica), row-major as torchrun and srun number a node's ranks.
+        """
+        mesh = self.device_mesh["data_parallel"]
+        if self.replicas > 1:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            shape = (self.replicas, self.world_size // self.replicas)
+            mesh = init_device_mesh(self.root_device.type, shape, mesh_dim_names=("replicate", "shard"))
+        shard_model(model, mesh, self.compute_precision)
 
     def _configure_launcher(self) -> None:
         if not self.spawn:  # a launcher started the ranks (`parallel.launched`): Lightning's launcher starts none

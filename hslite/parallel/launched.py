@@ -1,7 +1,7 @@
 """Ranks a cluster launcher started: torchrun (TorchElastic) or SLURM's srun, on one node or several.
 
-On one box hslite starts a plan's ranks itself (Lightning DDP by spawning: `plan.trainer_kwargs`). Under a launcher
-every process already is a rank: `hslite fit` runs in each, and Lightning's own cluster environment for that launcher
+On one box hslite starts a plan's ranks itself (Lightning DDP by spawning: `trainer_args`). Under a launcher every
+process already is a rank: `hslite fit` runs in each, and Lightning's own cluster environment for that launcher
 (`TorchElasticEnvironment`, `SLURMEnvironment`; the same detection as Lightning's) gives ranks, nodes and the
 rendezvous address, so nothing is spawned (the strategies' "popen" launcher, which starts no process when the
 environment created them). A launcher that started one process is not a job of several: hslite spawns the plan's

@@ -1,6 +1,6 @@
 """A rank that dies or stalls ends the whole job within a minute, with a sentence naming the rank and what it did.
 
-Two parts. Every collective has a deadline (`plan.PROCESS_GROUP_TIMEOUT`): a rank waiting on a
+Two parts. Every collective has a deadline (`trainer_args.PROCESS_GROUP_TIMEOUT`): a rank waiting on a
 stalled peer raises (gloo) or is aborted by NCCL's watchdog (GPUs) instead of waiting torch's default 30 minutes, and
 Lightning's spawn launcher then stops the other ranks (SIGTERM, SIGKILL 30 s later) — no rank is left behind. Barriers,
 which end the phases where one rank works alone (rank 0 writing a checkpoint), wait `strategies.FENCE_TIMEOUT` instead
@@ -27,7 +27,7 @@ from typing import Any
 import lightning.pytorch as pl
 
 from hslite.errors import HSLiteError
-from hslite.parallel.plan import PROCESS_GROUP_TIMEOUT
+from hslite.parallel.trainer_args import PROCESS_GROUP_TIMEOUT
 
 _EVERY_SECONDS = 1.0
 

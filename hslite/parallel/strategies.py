@@ -39,7 +39,8 @@ FENCE_BARRIER_KWARGS: dict[str, Any] = (
 def gather_from_ranks(value: Any) -> list[Any]:
     """Every rank's `value`, in rank order, from one `all_gather_object`; `[value]` without a group of several ranks.
 
-    For host objects (numbers, CPU tensors): on GPUs they go over the group's gloo half (`plan.process_group_backend`).
+    For host objects (numbers, CPU tensors): on GPUs they go over the group's gloo half
+    (`trainer_args.process_group_backend`).
     """
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return [value]
@@ -55,8 +56,8 @@ class FencedBarrier:
     (`Trainer.save_checkpoint`), then every rank meets. With the process group's deadline (PROCESS_GROUP_TIMEOUT, kept
     short so a stalled rank ends the job within a minute) a write longer than it would kill a healthy job; on GPUs
     through NCCL's watchdog, which aborts the waiting ranks. The barrier goes over gloo on every device
-    (`plan.process_group_backend`: torch picks a group's CPU backend for barriers), whose per-call timeout is honoured
-    and raises instead of aborting. A rank that dies during the write is still seen at once by the launcher.
+    (`trainer_args.process_group_backend`: torch picks a group's CPU backend for barriers), whose per-call timeout is
+    honoured and raises instead of aborting. A rank that dies during the write is still seen at once by the launcher.
     """
 
     def barrier(self, name: str | None = None) -> None:  # noqa: D102 - Lightning's hook, with a longer deadline

@@ -68,8 +68,8 @@ class TrainThroughput(pl.Callback):
             dtype=torch.float64,
         )
         # The slowest rank sets the pace of a synchronous step. Host figures, reduced on the host (over gloo on GPUs
-        # too: plan.process_group_backend), on every rank in the same order: logged with sync_dist, the max would be
-        # taken lazily, by whoever reads the metrics first, and the progress bar reads them on rank 0 alone, which
-        # then waits in an all-reduce the other ranks never join.
+        # too: trainer_args.process_group_backend), on every rank in the same order: logged with sync_dist, the max
+        # would be taken lazily, by whoever reads the metrics first, and the progress bar reads them on rank 0 alone,
+        # which then waits in an all-reduce the other ranks never join.
         values = trainer.strategy.reduce(values, reduce_op="max")
         module.log_dict({f"perf/{name}": float(value) for name, value in zip(names, values, strict=True)})

@@ -27,7 +27,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from hslite.parallel.fsdp import ShardedStrategy
-from hslite.parallel.wire_format import wire_bytes
+from hslite.parallel.wire_format import fsdp_wire_bytes, wire_bytes
 
 SAMPLED_STEPS = 3  # step 1 allocates the optimiser state; steps 2-3 are the steady layout
 MEMORY_METHODS = {
@@ -123,7 +123,8 @@ class RankUsage(pl.Callback):
             self.computed_bytes += wire_bytes(numel, world, "none")  # one fp32 all-reduce per optimiser step
         if isinstance(strategy, ShardedStrategy) and world > 1:
             gathered = 2 if strategy.compute_precision == "bf16-mixed" else 4  # fsdp_policy's param_dtype
-            self.computed_bytes += round((world - 1) / world * numel * (2 * gathered + 4))
+            shards = world // strategy.replicas  # a node's ranks under hybrid sharding, else all
+            self.computed_bytes += round(fsdp_wire_bytes(numel * gathered, numel * 4, shards, strategy.replicas))
 
     def on_train_epoch_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:  # noqa: D102
         steps = max(trainer.global_step, 1)

@@ -47,3 +47,14 @@ def wire_bytes(numel: int, world_size: int, kind: str = "int8", chunk_elems: int
         shard, _, chunks = shard_layout(numel, world_size, chunk_elems)
         return 2 * (world_size - 1) * (shard + SCALE_BYTES * chunks)
     return 2 * (world_size - 1) * -(-numel // world_size) * _ELEMENT_BYTES[kind]
+
+
+def fsdp_wire_bytes(param_bytes: float, grad_bytes: float, shards: int, replicas: int = 1) -> float:
+    """Bytes one rank sends per FSDP micro-step: ring formulas over a shard group of `shards` ranks.
+
+    The parameters gathered twice (forward and backward; `param_bytes` in the compute dtype) and the fp32 gradients
+    reduce-scattered, (S − 1)/S of each; under hybrid sharding, the all-reduce of the rank's 1/S gradient shard over
+    the `replicas` (one per node), 2(R − 1)/R of it.
+    """
+    inside = (shards - 1) / shards * (2 * param_bytes + grad_bytes)
+    return inside + 2 * (replicas - 1) / replicas * grad_bytes / shards

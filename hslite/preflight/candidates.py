@@ -54,8 +54,8 @@ def candidate_plans(
     per node; int8/bf16 compression; batch/accumulation trades; FSDP when `include_fsdp`; channel groups inside a
     node when `chag_supported`, in rank counts that divide the model's `band_groups` (when given). Per-layer
     communication (FSDP) crosses nodes only when `per_layer_across_nodes` (the topology's bandwidth ratio below its
-    `max_cross_node_ratio`, DESIGN §3 mapping). `down_to_one` trades micro-batch for accumulation down to 1 sample
-    (when the requested plan does not fit).
+    `max_cross_node_ratio`, DESIGN §3 mapping); hybrid FSDP (sharded inside each node) across nodes always.
+    `down_to_one` trades micro-batch for accumulation down to 1 sample (when the requested plan does not fit).
     """
     requested.validate()
     micro_batches = requested.dp * requested.accumulate  # micro-batches of `batch_size` per optimiser step
@@ -84,8 +84,11 @@ def candidate_plans(
             )
             layouts = [base] + [base.with_(compression=c) for c in ("int8", "bf16")]
             # FSDP cannot shard a rotating model (Plan.validate): its inactive groups leave units without gradients
-            if include_fsdp and (nodes == 1 or per_layer_across_nodes) and not base.rotation_enabled:
-                layouts.append(base.with_(fsdp=True))
+            if include_fsdp and not base.rotation_enabled:
+                if nodes == 1 or per_layer_across_nodes:
+                    layouts.append(base.with_(fsdp=True))
+                if nodes > 1:  # shards inside each node: what the mapping rule keeps there
+                    layouts.append(base.with_(fsdp=True, hybrid_shard=True))
             if chag_supported:  # chag ranks share a batch, so each optimiser step needs chag× the accumulation
                 layouts += [
                     base.with_(chag=c, accumulate=base.accumulate * c)

@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from hslite.parallel.group_owners import rank_groups
+from hslite.parallel.wire_format import fsdp_wire_bytes
 from hslite.preflight.formulas import (
     allgather_seconds,
     allreduce_seconds,
@@ -37,21 +38,35 @@ def comm_seconds(
     plan: Plan,
     sizes: Footprint,
     link: LinkModel,
-    chag_link: LinkModel | None,
+    node_link: LinkModel | None,
     backward_seconds: float,
     exact: bool,
     notes: list[str],
 ) -> float:
-    """Communication per optimiser step not hidden under `backward_seconds` (0 gives the no-overlap bound)."""
+    """Communication per optimiser step not hidden under `backward_seconds` (0 gives the no-overlap bound).
+
+    `link`: the data-parallel ring (every rank; FSDP's shard group unless hybrid). `node_link`: the link inside a
+    node, for channel groups' token exchange and a hybrid shard group's gathers (None: `link`).
+    """
     exposed_seconds = 0.0
     if plan.dp > 1 and plan.fsdp:  # all-gather params in forward and backward, reduce-scatter grads (§3)
         # Every micro-step: FSDP2 frees the gathered units after use and reduce-scatters each backward's gradients
-        # (Lightning does not skip the gradient sync of FSDP2 between accumulated micro-batches).
-        per_micro_step = 2 * allgather_seconds(sizes.param_bytes, plan.dp, link, ring_factor_exact=exact)
-        per_micro_step += reduce_scatter_seconds(sizes.grad_bytes, plan.dp, link, ring_factor_exact=exact)
+        # (Lightning does not skip the gradient sync of FSDP2 between accumulated micro-batches). Hybrid sharding
+        # does that inside a node, then all-reduces each unit's gradient shard across the nodes' replicas.
+        shards, shard_link, units = (
+            plan.shard_ranks,
+            (node_link or link) if plan.hybrid_shard else link,
+            sizes.fsdp_units or 1,
+        )
+        per_micro_step = 2 * allgather_seconds(sizes.param_bytes, shards, shard_link, ring_factor_exact=exact)
+        per_micro_step += reduce_scatter_seconds(sizes.grad_bytes, shards, shard_link, ring_factor_exact=exact)
         # Each unit gathers twice and reduce-scatters once on its own: the latency is paid per unit
-        per_micro_step += 3 * ((sizes.fsdp_units or 1) - 1) * (plan.dp - 1) * link.alpha_seconds
-        exposed_seconds = max(0.0, plan.accumulate * per_micro_step - link.overlap * backward_seconds)
+        per_micro_step += 3 * (units - 1) * (shards - 1) * shard_link.alpha_seconds
+        if plan.hybrid_shard and plan.num_nodes > 1:
+            replicas = plan.num_nodes
+            per_micro_step += allreduce_seconds(sizes.grad_bytes / shards, replicas, link, ring_factor_exact=exact)
+            per_micro_step += 2 * (units - 1) * (replicas - 1) * link.alpha_seconds
+        exposed_seconds = max(0.0, plan.accumulate * per_micro_step - shard_link.overlap * backward_seconds)
     elif plan.world_size > 1:  # DDP spans every rank; band groups' own gradients are summed over their owners
         ddp_bytes, owned_bytes = gradient_split(plan, sizes)
         seconds = allreduce_seconds(
@@ -68,7 +83,7 @@ def comm_seconds(
         if plan.compression in ("bf16", "fp16"):
             notes.append(f"{plan.compression} cast cost not priced")
     if plan.chag_enabled:
-        exposed_seconds += _chag_seconds(plan, sizes, chag_link or link, exact, notes)
+        exposed_seconds += _chag_seconds(plan, sizes, node_link or link, exact, notes)
     return exposed_seconds
 
 
@@ -90,13 +105,15 @@ def grad_bytes_per_step(plan: Plan, sizes: Footprint) -> float:
     """Bytes one rank sends per optimiser step in gradient collectives (ring formulas): what usage.py measures.
 
     DDP: 2(N − 1)/N of its wire bytes, and 2(dp − 1)/dp of the band groups' own under channel groups. FSDP: per
-    micro-step, (N − 1)/N of the parameters gathered twice (in the compute dtype) and of the fp32 gradients.
+    micro-step, (N − 1)/N of the parameters gathered twice (in the compute dtype) and of the fp32 gradients, over
+    the S ranks of a shard group; hybrid sharding adds the all-reduce of a 1/S gradient shard over the R replicas.
     """
     if plan.world_size == 1:
         return 0.0
     if plan.fsdp:
         gathered = sizes.param_count * (2 if plan.precision == "bf16-mixed" else 4)  # fsdp_policy's param_dtype
-        return plan.accumulate * (plan.dp - 1) / plan.dp * (2 * gathered + sizes.grad_bytes)
+        replicas = plan.dp // plan.shard_ranks
+        return plan.accumulate * fsdp_wire_bytes(gathered, sizes.grad_bytes, plan.shard_ranks, replicas)
     ddp_bytes, owned_bytes = gradient_split(plan, sizes)
     ring = 2 * (plan.world_size - 1) / plan.world_size * wire_bytes(ddp_bytes, plan.compression)
     return ring + (2 * (plan.dp - 1) / plan.dp * owned_bytes if plan.dp > 1 else 0.0)
@@ -127,7 +144,7 @@ def comm_regime(
     plan: Plan,
     probe: Footprint,
     link: LinkModel,
-    chag_link: LinkModel | None,
+    node_link: LinkModel | None,
     exact: bool,
     exposed_seconds: float,
     compute_seconds: float,
@@ -137,6 +154,6 @@ def comm_regime(
     def latency_only(model: LinkModel) -> LinkModel:
         return replace(model, bandwidth_bytes_per_second=math.inf)
 
-    latency = comm_seconds(plan, probe, latency_only(link), chag_link and latency_only(chag_link), 0.0, exact, [])
-    wire = comm_seconds(plan, probe, link, chag_link, 0.0, exact, []) - latency
+    latency = comm_seconds(plan, probe, latency_only(link), node_link and latency_only(node_link), 0.0, exact, [])
+    wire = comm_seconds(plan, probe, link, node_link, 0.0, exact, []) - latency
     return plan_regime(exposed_seconds, latency, wire, compute_seconds)

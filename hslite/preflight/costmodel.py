@@ -59,7 +59,7 @@ class Prediction:
 
 def memory_breakdown_bytes(plan: Plan, probe: Footprint) -> dict[str, int]:
     """Per-rank peak terms (DESIGN §3 memory): params, grads, optimiser (÷ dp under FSDP), activations, workspace."""
-    shards = plan.dp if plan.fsdp else 1
+    shards = plan.shard_ranks if plan.fsdp else 1
     activation_factor = _tokenizer_factor(plan, probe, probe.tokenizer_activation_fraction, plan.chag, worst=True)
     counted = probe.param_bytes + probe.grad_bytes + probe.optimizer_bytes + probe.activation_bytes
     breakdown = {
@@ -123,9 +123,12 @@ def _together_seconds(plan: Plan, probe: ProbeResult) -> float | None:
     """A CPU plan's step from its ranks timed stepping together (ranks_together.py), or None: priced from parts.
 
     Plain DDP or FSDP at the probed batch on as many ranks, and channel groups (any dp × chag mesh of them, with
-    the rotation timed, one micro-step); compression and accumulated channel groups are priced from their parts.
+    the rotation timed, one micro-step); compression and accumulated channel groups are priced from their parts, and
+    so are plans across nodes (one node's ranks stepping together are not the job's collectives).
     """
     if plan.accelerator != "cpu" or probe.contention_ranks != plan.devices or probe.batch_size != plan.batch_size:
+        return None
+    if plan.num_nodes > 1:
         return None
     data = probe.data_seconds
     if plan.fsdp and probe.fsdp_together_seconds:
@@ -149,7 +152,7 @@ def predict(
     link: LinkModel,
     device_memory_bytes: int,
     *,
-    chag_link: LinkModel | None = None,
+    node_link: LinkModel | None = None,
     cpu_cores: int | None = None,
     ring_factor_exact: bool = True,
     loop_seconds: float = 0.0,
@@ -157,7 +160,8 @@ def predict(
 ) -> Prediction:
     """Price one plan: step time, throughput, ECD, speed-up, r and per-device memory (DESIGN §3).
 
-    `link` carries the data-parallel (and FSDP) collectives, `chag_link` the channel-group ones (default: `link`).
+    `link` carries the data-parallel (and FSDP) collectives, `node_link` those the mapping keeps inside a node:
+    channel groups' exchange and a hybrid FSDP shard group's gathers (default: `link`).
     `loop_seconds` is the training loop's measured cost per synchronised micro-step with the plan's ranks,
     `alone_loop_seconds` with one (default: the same), also what an accumulating micro-step costs; see
     `preflight.overhead`. The analytic reference cases leave both at 0.
@@ -168,7 +172,7 @@ def predict(
     plan.validate()
     notes = _extrapolation_notes(plan, probe)
     oversubscription, cores = _cpu_sharing(plan, probe, cpu_cores, notes)
-    shards = plan.dp if plan.fsdp else 1
+    shards = plan.shard_ranks if plan.fsdp else 1
     together = _together_seconds(plan, probe) if plan.world_size > 1 else None
     if together is not None:  # measured as it runs: compute, sharing, collectives and the waits between ranks
         compute_seconds, exposed_seconds = together, 0.0
@@ -179,9 +183,9 @@ def predict(
         compute_seconds *= tail_factor(probe.step_seconds_samples, plan.world_size, plan.accumulate)  # slowest rank
         straggler = tail_note(probe.step_seconds_samples, plan.world_size, plan.accumulate)
         notes.extend([straggler] if straggler else [])
-        exposed_seconds = comm_seconds(plan, probe, link, chag_link, backward_seconds, ring_factor_exact, notes)
+        exposed_seconds = comm_seconds(plan, probe, link, node_link, backward_seconds, ring_factor_exact, notes)
     exposed_seconds += _quantise_seconds(plan, probe, notes)
-    regime = comm_regime(plan, probe, link, chag_link, ring_factor_exact, exposed_seconds, compute_seconds)
+    regime = comm_regime(plan, probe, link, node_link, ring_factor_exact, exposed_seconds, compute_seconds)
     _unpriced_notes(plan, probe, notes)
     alone_loop_seconds = loop_seconds if alone_loop_seconds is None else alone_loop_seconds
     # Non-final micro-steps run under no_sync: no collective, no optimiser step, so each rank pays only its own loop.

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hslite.parallel.plan import process_group_backend
+from hslite.parallel.trainer_args import process_group_backend
 from hslite.preflight.measurements import ProbeResult
 from hslite.preflight.step_timing import timed_step
 from hslite.preflight.timers import wall_seconds

@@ -24,7 +24,8 @@ from torch import nn
 
 from hslite.cache import read_cache, write_cache
 from hslite.errors import ConfigError, HSLiteError
-from hslite.parallel.plan import Plan, threads_per_process
+from hslite.parallel.box import threads_per_process
+from hslite.parallel.plan import Plan
 from hslite.parallel.spawned_rank import end_finished_rank
 from hslite.preflight.measurements import LinkModel
 

@@ -22,7 +22,8 @@ from torch import nn
 from hslite.allocator import keep_freed_memory
 from hslite.cache import read_cache, write_cache
 from hslite.errors import ConfigError
-from hslite.parallel.plan import PRECISIONS, Plan, threads_per_process
+from hslite.parallel.box import threads_per_process
+from hslite.parallel.plan import PRECISIONS, Plan
 from hslite.preflight.activations import measure_tokenizer
 from hslite.preflight.feature_costs import int8_seconds_per_byte, measure_fsdp_overhead
 from hslite.preflight.measurements import ProbeResult

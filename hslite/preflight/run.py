@@ -36,7 +36,7 @@ def run_preflight(
     max_devices: int | None = None,
     *,
     topology: Topology | None = None,
-    chag_link_for: Callable[[Plan], LinkModel] | None = None,
+    node_link_for: Callable[[Plan], LinkModel] | None = None,
     chag_supported: bool = False,
     band_groups: int = 0,
     cpu_cores: int | None = None,
@@ -55,7 +55,7 @@ def run_preflight(
     link, once per distinct group: `measure_links_for` on this box, or a topology's `link_for`.
     `loop_seconds_for(plan)` is the training loop's cost per micro-step for the plan's ranks (once per distinct
     ranks and accelerator; `measure_step_overhead` on this box); without it the loop is not priced.
-    `topology` fills in `link_for`, `chag_link_for`, `device_memory_bytes` (one device; host memory for CPU plans)
+    `topology` fills in `link_for`, `node_link_for`, `device_memory_bytes` (one device; host memory for CPU plans)
     and `max_devices` (devices per node) when they are not given; `max_devices` otherwise defaults to the request's.
     `amp=False` leaves AMP single-device plans out (a one-device fit on CPU need not pay for a bf16 probe).
     `probe_each_batch` asks `probe_for` at each plan's own micro-batch: a profile prices any batch by formula,
@@ -64,7 +64,7 @@ def run_preflight(
     requested.validate()
     if topology is not None:
         link_for = link_for or topology.link_for
-        chag_link_for = chag_link_for or topology.chag_link_for
+        node_link_for = node_link_for or topology.node_link_for
         device_memory_bytes = device_memory_bytes or topology.device_memory_bytes
         max_devices = max_devices or topology.gpus_per_node
     if link_for is None or device_memory_bytes is None:
@@ -112,9 +112,9 @@ def run_preflight(
         link_key = (plan.devices, plan.num_nodes, plan.accelerator)
         if link_key not in links:
             links[link_key] = link_for(plan)
-        chag_link = None
-        if plan.chag_enabled and chag_link_for is not None:
-            chag_link = chag_link_for(plan)
+        node_link = None
+        if (plan.chag_enabled or plan.hybrid_shard) and node_link_for is not None:
+            node_link = node_link_for(plan)
         # Measured before memory is read: a one-rank loop on a GPU trains in this process.
         ranks_loop_seconds = loop_seconds(plan)
         alone_loop_seconds = loop_seconds(Plan(accelerator=plan.accelerator))
@@ -123,7 +123,7 @@ def run_preflight(
             probes[probe_key],
             links[link_key],
             memory_bytes(),
-            chag_link=chag_link,
+            node_link=node_link,
             cpu_cores=cpu_cores,
             loop_seconds=ranks_loop_seconds,
             alone_loop_seconds=alone_loop_seconds,
@@ -173,9 +173,9 @@ def price_absent_devices(
     def price(plan: Plan) -> Any:
         if plan.precision not in footprints:
             footprints[plan.precision] = footprint_for(plan)
-        chag_link = topology.chag_link_for(plan) if plan.chag_enabled else None
+        node_link = topology.node_link_for(plan) if plan.chag_enabled or plan.hybrid_shard else None
         pred = predict_footprint(
-            plan, footprints[plan.precision], topology.link_for(plan), topology.device_memory_bytes, chag_link=chag_link
+            plan, footprints[plan.precision], topology.link_for(plan), topology.device_memory_bytes, node_link=node_link
         )
         pred.mapping_refusal = topology.mapping_refusal(plan)
         return pred

@@ -96,9 +96,16 @@ class Topology:
             return self._link(self.intra_gbps, self.intra_latency_us, "intra")
         return self._link(self.inter_gbps, self.inter_latency_us, "inter")
 
-    def chag_link_for(self, plan: Plan) -> LinkModel:
-        """The channel-group link: intra-node while a group fits in a node (the mapping places it there)."""
+    def node_link_for(self, plan: Plan) -> LinkModel:
+        """The link of per-layer groups the mapping keeps inside a node: channel groups, a hybrid FSDP shard group.
+
+        Intra-node while the group fits in a node; a channel group that does not crosses on the inter-node link.
+        """
         self._check(plan)
+        if plan.fsdp and plan.hybrid_shard:
+            return (
+                self._link(self.intra_gbps, self.intra_latency_us, "intra") if plan.devices > 1 else LinkModel.no_cost()
+            )
         if plan.chag <= 1:
             return LinkModel.no_cost()
         if plan.chag <= plan.devices and plan.devices % plan.chag == 0:
@@ -109,14 +116,19 @@ class Topology:
         """Why `plan` breaks the mapping rule (DESIGN §3), or None: per-layer communication across a slow link.
 
         Channel groups are consecutive ranks, so they stay inside a node when `chag` divides the devices per node;
-        FSDP shards over every rank. Either crosses nodes only while R is below `max_cross_node_ratio`.
+        FSDP shards over every rank unless hybrid (inside each node). Either crosses nodes only while R is below
+        `max_cross_node_ratio`.
         """
         chag_crosses = plan.chag_enabled and plan.num_nodes > 1 and plan.devices % plan.chag != 0
-        fsdp_crosses = plan.fsdp and plan.num_nodes > 1
+        fsdp_crosses = plan.fsdp and plan.num_nodes > 1 and not plan.hybrid_shard
         if not (chag_crosses or fsdp_crosses) or self.per_layer_across_nodes:
             return None
         what = "its channel groups" if chag_crosses else "FSDP's gathers and reduce-scatters"
-        inside = f"parallel.chag dividing parallel.devices={plan.devices}" if chag_crosses else "plain data parallelism"
+        inside = (
+            f"parallel.chag dividing parallel.devices={plan.devices}"
+            if chag_crosses
+            else "parallel.hybrid_shard=true: FSDP inside each node, one replica per node"
+        )
         return (
             f"{plan.describe()} sends {what} across nodes, on a link {self.bandwidth_ratio:.1f}× slower than inside a "
             f"node (R = B_intra / B_inter ≥ {self.max_cross_node_ratio:g}, the topology's max_cross_node_ratio): "

@@ -49,12 +49,12 @@ def predict_footprint(
     link: LinkModel,
     device_memory_bytes: int,
     *,
-    chag_link: LinkModel | None = None,
+    node_link: LinkModel | None = None,
 ) -> FootprintPrediction:
     """Price the compute-free parts of one plan: link seconds (no-overlap bound) and per-device memory (DESIGN §3)."""
     plan.validate()
     notes: list[str] = []
-    link_seconds = comm_seconds(plan, sizes, link, chag_link, 0.0, True, notes)
+    link_seconds = comm_seconds(plan, sizes, link, node_link, 0.0, True, notes)
     if plan.world_size > 1 and plan.compression == "int8":
         notes.append("int8 quantise cost is compute: not priced")
     breakdown = memory_breakdown_bytes(plan, sizes)

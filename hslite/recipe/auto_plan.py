@@ -19,7 +19,8 @@ from typing import Any
 from torch import nn
 
 from hslite.errors import ConfigError
-from hslite.parallel.plan import Plan, check_visible, startable_devices
+from hslite.parallel.box import check_visible, startable_devices
+from hslite.parallel.plan import Plan
 from hslite.parallel.rank_setup import quiet_lightning
 from hslite.preflight.verdict import CLEARLY_FASTER, PreflightRefused, Verdict, decide, gib
 from hslite.recipe.build import (

@@ -17,7 +17,8 @@ from hslite.errors import ConfigError
 from hslite.models import get_model, has_band_groups
 from hslite.models.band_groups import spectral_band_groups
 from hslite.models.pretrained import load_pretrained
-from hslite.parallel.plan import Plan, resolve_accelerator
+from hslite.parallel.box import resolve_accelerator
+from hslite.parallel.plan import Plan
 from hslite.parallel.rotation import DEFAULT_GROUPS, RotationSchedule, check_rotation
 from hslite.recipe.schema import Config
 from hslite.task import HSIClassifier
@@ -37,6 +38,7 @@ def plan_from_config(cfg: Config) -> Plan:
         chag=p.chag,
         rotation_groups=p.rotation_groups,
         fsdp=p.fsdp,
+        hybrid_shard=p.hybrid_shard and p.fsdp,  # how FSDP shards; nothing without it
         tf32=p.tf32,
         cudnn_benchmark=p.cudnn_benchmark and not cfg.train.deterministic,  # cuDNN's timing picks kernels by chance
     ).validate()
@@ -45,7 +47,7 @@ def plan_from_config(cfg: Config) -> Plan:
 # The Plan fields a recipe sets under parallel.* (its per-device batch is data.batch_size).
 _PARALLEL_FIELDS = (
     "devices", "num_nodes", "accelerator", "accumulate", "precision", "compression", "chag", "rotation_groups", "fsdp",
-    "tf32", "cudnn_benchmark",
+    "hybrid_shard", "tf32", "cudnn_benchmark",
 )  # fmt: skip
 
 

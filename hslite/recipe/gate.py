@@ -18,7 +18,8 @@ import torch
 
 from hslite.datasets.datamodule import HSIDataModule
 from hslite.errors import ConfigError
-from hslite.parallel.plan import Plan, visible_devices
+from hslite.parallel.box import visible_devices
+from hslite.parallel.plan import Plan
 from hslite.parallel.rank_setup import quiet_lightning
 from hslite.preflight.device_profile import DeviceProfile, list_devices, load_device
 from hslite.preflight.fake_tensors import fake_mode

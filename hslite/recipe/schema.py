@@ -109,13 +109,16 @@ class ParallelConfig:
 
     accelerator: str = "auto"  # "cpu", "gpu", or "auto" (gpu when CUDA is available)
     devices: int = ranged(1, AT_LEAST_1)  # devices per node (CPU processes on a CPU box)
-    num_nodes: int = ranged(1, AT_LEAST_1)  # nodes; more than 1 is only priced by preflight, from a topology profile
+    num_nodes: int = ranged(1, AT_LEAST_1)  # nodes; more than 1 runs under torchrun or srun (README "Several nodes")
     precision: str = "32-true"  # "32-true", "bf16-mixed" or "16-mixed"
     accumulate: int = ranged(1, AT_LEAST_1)  # micro-batches per optimiser step; 1 means off
     compression: str = "none"  # gradient all-reduce compression: "none", "int8", "bf16" or "fp16"
     chag: int = ranged(1, AT_LEAST_1)  # ranks sharing one batch's band groups (channel parallelism); 1 means off
     rotation_groups: int = ranged(0, AT_LEAST_0)  # band groups active per step (channel-subset rotation); 0 means off
     fsdp: bool = False  # shard parameters, gradients and optimiser state
+    # with fsdp on several nodes: shard inside each node, one replica per node (HSDP); FSDP's per-layer gathers
+    # then stay inside a node, which the mapping rule asks for when the link between nodes is much slower
+    hybrid_shard: bool = False
     tf32: bool = True  # CUDA only: fp32 matmuls/convolutions on TF32 tensor cores (the probe times it); false: fp32
     cudnn_benchmark: bool = True  # CUDA only: cuDNN times kernels per input shape (off under train.deterministic)
     # "manual" trains the layout above; "auto" trains the fastest plan the pre-flight predicts at this global batch on

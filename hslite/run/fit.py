@@ -24,11 +24,13 @@ from hslite.datasets.datamodule import HSIDataModule
 from hslite.datasets.fitted import FittedPreprocessing
 from hslite.datasets.splits import Split
 from hslite.errors import ConfigError, DataError
+from hslite.parallel.box import check_visible
 from hslite.parallel.launched import LaunchedJob, launched_job
-from hslite.parallel.plan import PROCESS_GROUP_TIMEOUT, Plan, check_visible, process_group_backend, trainer_kwargs
+from hslite.parallel.plan import Plan
 from hslite.parallel.rank_setup import quiet_lightning
 from hslite.parallel.rank_watch import RankActivity, launched_failure, rank_failure
 from hslite.parallel.timing import TrainThroughput
+from hslite.parallel.trainer_args import PROCESS_GROUP_TIMEOUT, process_group_backend, trainer_kwargs
 from hslite.parallel.usage import RankUsage
 from hslite.preflight.topology import Topology, max_cross_node_ratio
 from hslite.preflight.verdict import Verdict

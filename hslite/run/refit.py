@@ -20,8 +20,9 @@ import lightning.pytorch as pl
 
 from hslite.datasets.datamodule import HSIDataModule
 from hslite.parallel.launched import LaunchedJob
-from hslite.parallel.plan import Plan, trainer_kwargs
+from hslite.parallel.plan import Plan
 from hslite.parallel.timing import TrainThroughput
+from hslite.parallel.trainer_args import trainer_kwargs
 from hslite.recipe.build import build_task
 from hslite.recipe.schema import Config
 from hslite.run.checkpoints import AtomicCheckpointIO

@@ -17,8 +17,9 @@ from typing import Any
 import lightning.pytorch as pl
 
 from hslite.errors import ConfigError
+from hslite.parallel.box import visible_devices
 from hslite.parallel.loop_cost import cached_step_overhead, measure_step_overhead
-from hslite.parallel.plan import Plan, visible_devices
+from hslite.parallel.plan import Plan
 from hslite.preflight.launcher_cuda import device_memory_bytes
 from hslite.preflight.lightning_step import lightning_workload
 from hslite.preflight.links import measure_links_for
