@@ -3,6 +3,7 @@
     python benchmarks/scene_scaling.py                                  # 0.25, 0.5, 1 and 2 GB cubes
     python benchmarks/scene_scaling.py --sizes-gb 0.25 1 4 --folder /scratch/cubes
     python benchmarks/scene_scaling.py --model cnn3d --patch-size 5 --pca 20 --epochs 1
+    python benchmarks/scene_scaling.py --on-disk                        # data.on_disk=true
 
 Each size is a square float32 `.npy` cube of `--bands` bands with a 2 %-labelled label map
 (`hslite.datasets.synthetic.write_large_scene`, written a block at a time into --folder and deleted afterwards),
@@ -67,7 +68,7 @@ def measure(size_gb: float, folder: Path, args: argparse.Namespace) -> dict[str,
         [
             *hslite, "fit", f"data.scene={cube}", f"data.labels={labels}", f"model.name={args.model}",
             f"data.patch_size={args.patch_size}", f"data.pca_components={args.pca}", f"train.max_epochs={args.epochs}",
-            f"output.root={runs}", "train.progress=false",
+            f"output.root={runs}", "train.progress=false", f"data.on_disk={str(args.on_disk).lower()}",
         ],
         folder / "fit.log",
     )  # fmt: skip
@@ -94,10 +95,13 @@ def main() -> None:
     parser.add_argument("--patch-size", type=int, default=1, help="data.patch_size of the fit")
     parser.add_argument("--pca", type=int, default=0, help="data.pca_components of the fit; 0 means off")
     parser.add_argument("--epochs", type=int, default=3, help="train.max_epochs of the fit")
+    parser.add_argument("--on-disk", action="store_true", help="data.on_disk=true: hold the labelled patches only")
     parser.add_argument("--folder", type=Path, default=None, help="where cubes are written; default a temporary one")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="scene_scaling_", dir=args.folder))
-    print(f"{args.model}, patch {args.patch_size}, PCA {args.pca or 'off'}, {args.epochs} epoch(s), {args.bands} bands")
+    held = "labelled patches held (data.on_disk)" if args.on_disk else "padded scene held"
+    plan = f"{args.model}, patch {args.patch_size}, PCA {args.pca or 'off'}, {args.epochs} epoch(s), {args.bands} bands"
+    print(f"{plan}, {held}")
     header = f"{'cube GB':>8} {'pixels':>11} {'fit s':>7} {'train s':>8} {'fit RSS GB':>11} {'×cube':>6}"
     print(header + f" {'predict s':>10} {'predict RSS GB':>15} {'×cube':>6}", flush=True)
     rows = []

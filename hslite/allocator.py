@@ -33,3 +33,19 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):  # musl and other C libraries: their allocator, untouched
         return False
     return bool(mallopt(_M_MMAP_THRESHOLD, KEPT_BYTES) == 1 and mallopt(_M_TRIM_THRESHOLD, KEPT_BYTES) == 1)
+
+
+def release_freed_memory() -> None:
+    """Hand the heap's free pages back to the OS now (glibc's malloc_trim); nothing where the C library is not glibc.
+
+    With `keep_freed_memory` a freed array of up to KEPT_BYTES stays mapped, which is what a training step wants and
+    what reading a cube block by block does not: blocks of slightly different sizes fragment the kept heap, and it
+    grew by about the cube's size over a whole-scene pass. `CubeFile.blocks` and `scene_tiles` call this between
+    blocks.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        return

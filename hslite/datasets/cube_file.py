@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from hslite.allocator import release_freed_memory
 from hslite.errors import DataError
 
 BLOCK_BYTES = 64 * 2**20  # raw cube bytes per block of rows: big enough that a read is at disk speed
@@ -49,6 +50,7 @@ class CubeFile:
         step = self.block_rows(block_bytes)
         for start in range(0, self.shape[0], step):
             yield start, self.read(start, min(self.shape[0], start + step))
+            release_freed_memory()  # the previous block's arrays, kept by the allocator setting of a training run
 
 
 def cube_from_array(array: np.ndarray, source: str, crs: Any = None, transform: Any = None) -> CubeFile:

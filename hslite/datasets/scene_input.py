@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
+from hslite.allocator import release_freed_memory
 from hslite.datasets.cube_file import BLOCK_BYTES, CubeFile
 from hslite.datasets.patches import PatchGatherer, to_device
 from hslite.datasets.preprocess import check_finite, check_pad, patch_radius
@@ -84,6 +85,8 @@ def scene_tiles(
         rows_pad = (radius - (start - low), radius - (high - stop))
         padded = np.pad(block, (rows_pad, (radius, radius), (0, 0)), mode="reflect")
         yield start, stop, PatchGatherer(padded, patch_size)
+        del block, padded
+        release_freed_memory()  # the previous tile's arrays, kept by the allocator setting of a training run
 
 
 def patch_bank(
