@@ -121,6 +121,7 @@ class HSIDataModule(lightning.LightningDataModule):
         self.pin_memory = pin_memory
         self.gather_device = gather_device
         self.on_disk = on_disk
+        self.with_validation = False  # train on validation pixels too (`train_on_validation_too`)
         self._where: dict[str, np.ndarray] = {}  # each set's patch coordinates in the gatherer's image
         self._datasets: dict[str, PatchDataset | ScenePatches | SceneTiles] = {}
         self._scene: Scene | None = None
@@ -204,6 +205,8 @@ class HSIDataModule(lightning.LightningDataModule):
         self._scene, self._split, self._kept_bands, self._wavelengths = scene, split, kept, wavelengths
         self._gatherer = gatherer
         self._num_bands = gatherer.num_bands
+        if self.with_validation:
+            self.train_on_validation_too()
 
     def input_plan(self) -> InputPlan:
         """What setup() will hold of the scene (shape, bands in, patch), from the cube's header; reads no pixels."""
@@ -219,7 +222,12 @@ class HSIDataModule(lightning.LightningDataModule):
         )
 
     def train_on_validation_too(self) -> None:
-        """Train on the training and validation pixels (`train.refit`); normalisation and PCA stay as fitted."""
+        """Train on the training and validation pixels (`train.refit`); normalisation and PCA stay as fitted.
+
+        A setting too, not only a dataset: a spawned rank gets the recipe pickled and re-runs setup(), and trained on
+        the training pixels alone until setup() honoured it.
+        """
+        self.with_validation = True
         coords = np.concatenate([self.split.train, self.split.val])
         labels = self.scene.gt[coords[:, 0], coords[:, 1]] - 1
         where = np.concatenate([self._where["train"], self._where["val"]])  # in the patch bank with data.on_disk
