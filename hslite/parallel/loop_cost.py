@@ -39,14 +39,16 @@ BATCH_SIZE = 64  # the loop's cost hardly depends on the batch; the metrics' upd
 FEATURES = 8
 
 
-def measure_step_overhead(plan: Plan, num_classes: int, *, fresh: bool = False) -> float:
+def measure_step_overhead(plan: Plan, num_classes: int, *, fresh: bool = False, launched: bool = False) -> float:
     """Seconds per micro-step the loop adds for `plan`'s ranks on this box; cached per (ranks, accelerator, host).
 
     Spawns the plan's ranks like `hslite fit` does (CPU ranks with cores ÷ N threads), so the caller needs the
-    `if __name__ == "__main__":` guard when it is a script.
+    `if __name__ == "__main__":` guard when it is a script. `launched`: every rank of a launched job calls this and
+    the job's own ranks, on every node, are timed (never cached: a node without the record would not join).
     """
-    loop_plan = Plan(devices=plan.devices, accelerator=plan.accelerator, batch_size=BATCH_SIZE)
-    cached = None if fresh else cached_step_overhead(plan, num_classes)
+    loop_plan = Plan(devices=plan.devices, num_nodes=plan.num_nodes, accelerator=plan.accelerator,
+                     batch_size=BATCH_SIZE)  # fmt: skip
+    cached = None if fresh or launched else cached_step_overhead(plan, num_classes)
     if cached is not None:
         return cached
 
@@ -54,11 +56,11 @@ def measure_step_overhead(plan: Plan, num_classes: int, *, fresh: bool = False) 
     generator = torch.Generator().manual_seed(0)
     batches = [
         (torch.randn(BATCH_SIZE, FEATURES, generator=generator), torch.randint(0, num_classes, (BATCH_SIZE,)))
-        for _ in range(STEPS_PER_RANK * loop_plan.devices)
+        for _ in range(STEPS_PER_RANK * loop_plan.world_size)
     ]
     # Ready batches (a list is a map-style dataset): no per-sample collate to time; DDP gives each rank its share.
     loader = DataLoader(cast("Dataset[tuple[Tensor, Tensor]]", batches), batch_size=None)
-    kwargs = trainer_kwargs(loop_plan, progress=False)
+    kwargs = trainer_kwargs(loop_plan, progress=False, launched=launched)
     kwargs["callbacks"].append(TrainThroughput())
     trainer = pl.Trainer(
         max_epochs=1, logger=False, enable_checkpointing=False, limit_val_batches=0, num_sanity_val_steps=0, **kwargs
@@ -67,7 +69,8 @@ def measure_step_overhead(plan: Plan, num_classes: int, *, fresh: bool = False) 
         warnings.filterwarnings("ignore", message=".*no `val_dataloader`")  # no validation is the point here
         trainer.fit(HSIClassifier(nn.Linear(FEATURES, num_classes), num_classes), train_dataloaders=loader)
     seconds = float(trainer.callback_metrics["perf/median_batch_seconds"])  # the slowest rank's
-    write_cache("overhead", _cache_key(loop_plan, num_classes), {"step_seconds": seconds})
+    if not launched:
+        write_cache("overhead", _cache_key(loop_plan, num_classes), {"step_seconds": seconds})
     return seconds
 
 
@@ -104,7 +107,8 @@ def cached_step_overhead(plan: Plan, num_classes: int) -> float | None:
 
     For a caller that cannot start a Trainer of its own (`PreflightGate`, inside the launched job's ranks).
     """
-    loop_plan = Plan(devices=plan.devices, accelerator=plan.accelerator, batch_size=BATCH_SIZE)
+    loop_plan = Plan(devices=plan.devices, num_nodes=plan.num_nodes, accelerator=plan.accelerator,
+                     batch_size=BATCH_SIZE)  # fmt: skip
     cached = read_cache("overhead", _cache_key(loop_plan, num_classes))
     return None if cached is None else float(cached["step_seconds"])
 
@@ -112,6 +116,7 @@ def cached_step_overhead(plan: Plan, num_classes: int) -> float | None:
 def _cache_key(loop_plan: Plan, num_classes: int) -> dict[str, object]:
     return {
         "ranks": loop_plan.devices,
+        "nodes": loop_plan.num_nodes,
         "accelerator": loop_plan.accelerator,
         "threads": threads_per_process(loop_plan) if loop_plan.accelerator == "cpu" else None,
         "classes": num_classes,

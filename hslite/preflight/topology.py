@@ -42,11 +42,18 @@ class Topology:
     # R from which per-layer communication stays inside a node: the seeds' 4, or this cluster's calibrated figure
     max_cross_node_ratio: float = PER_LAYER_CROSS_NODE_MAX_RATIO
     measured: bool = False  # measured on a launched job's own ranks (`job_links`), not read from a profile
+    # with `measured`: the training loop's cost per micro-step timed with the job's own ranks (`loop_cost`)
+    job_loop_seconds: float | None = None
 
     @property
     def device_memory_bytes(self) -> int:
         """Memory of one device."""
         return int(self.device_memory_gib * 2**30)
+
+    @property
+    def layout(self) -> tuple[int, int]:
+        """(nodes, devices per node)."""
+        return self.nodes, self.gpus_per_node
 
     @property
     def bandwidth_ratio(self) -> float:

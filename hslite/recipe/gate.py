@@ -145,7 +145,10 @@ def _measured(
     if topology is not None:
         verdict.reasons.append(recipe.topology_reason)
         verdict.reasons.append(
-            "training-loop cost of several ranks not measurable here: one local rank's figure is used"
+            f"training-loop cost timed with this job's {plan.world_size} ranks; other layouts priced with one local "
+            "rank's loop"
+            if topology.job_loop_seconds is not None
+            else "training-loop cost of several ranks not measurable here: one local rank's figure is used"
         )
     if profile is not None:
         instead = (

@@ -117,8 +117,12 @@ class RecipeParts:
         """The training loop's cost per micro-step: with `plan`'s ranks where this box starts them, else one rank's.
 
         Ranks this box cannot start (other nodes, absent GPUs) are priced with one local rank's loop, and GPUs
-        priced from a profile with one CPU process's: the host work their own box's CPU does.
+        priced from a profile with one CPU process's: the host work their own box's CPU does. A launched job's own
+        layout is priced with the loop its ranks were timed running (`Topology.job_loop_seconds`).
         """
+        job = self.topology
+        if job is not None and job.job_loop_seconds is not None and (plan.num_nodes, plan.devices) == job.layout:
+            return job.job_loop_seconds
         startable = self.topology is None and (plan.accelerator == "cpu" or plan.devices <= self.have)
         ranks = plan.devices if self.compute_here and startable and plan.num_nodes == 1 else 1
         accelerator = plan.accelerator if self.compute_here else "cpu"

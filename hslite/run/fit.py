@@ -147,7 +147,9 @@ def fit(cfg: Config) -> RunResult:
     elif job is not None:
         measured = None
         if cfg.preflight.enabled:
-            measured, job_record = measured_links(job, plan, max_cross_node_ratio(cfg.preflight.topology))
+            measured, job_record = measured_links(
+                job, plan, max_cross_node_ratio(cfg.preflight.topology), datamodule.num_classes
+            )
         # A NO-GO is refused on every rank. Also the fence that keeps rank 0 from renaming a resumed folder (in
         # run_folder) before every rank has read its checkpoint (in _resume_point).
         verdict = job.from_leader(lambda: _gate(cfg, plan, datamodule, measured))

@@ -12,13 +12,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 
 from hslite.parallel.launched import LaunchedJob
+from hslite.parallel.loop_cost import measure_step_overhead
 from hslite.parallel.plan import Plan
 from hslite.preflight.job_links import job_mesh, measure_job_topology
 from hslite.preflight.topology import Topology
@@ -48,10 +49,13 @@ def run_folder(parent: Path, resume: Path | None, job: LaunchedJob | None) -> It
         yield FolderView(job.from_leader(lambda: parent))  # the lambda runs on rank 0 only: this is rank 0's path
 
 
-def measured_links(job: LaunchedJob, plan: Plan, max_cross_node_ratio: float) -> tuple[Topology, dict[str, Any]]:
-    """The job's links measured on its ranks (every rank calls this), and what preflight.json records of them.
+def measured_links(
+    job: LaunchedJob, plan: Plan, max_cross_node_ratio: float, num_classes: int
+) -> tuple[Topology, dict[str, Any]]:
+    """The job's links and loop measured on its ranks (every rank calls this), and what preflight.json records.
 
-    The record: each link's figures, R against its threshold, and the mesh the plan builds on the launcher's nodes.
+    The record: each link's figures, R against its threshold, the loop's cost per micro-step with the job's ranks,
+    and the mesh the plan builds on the launcher's nodes.
     """
     import torch
 
@@ -59,12 +63,15 @@ def measured_links(job: LaunchedJob, plan: Plan, max_cross_node_ratio: float) ->
     node_of_rank = [node for node, _ in placement]
     device = torch.device("cuda", torch.cuda.current_device()) if plan.accelerator == "gpu" else torch.device("cpu")
     topology = measure_job_topology(node_of_rank, device, max_cross_node_ratio)
+    loop_plan = Plan(devices=plan.devices, num_nodes=plan.num_nodes, accelerator=plan.accelerator)
+    topology = replace(topology, job_loop_seconds=measure_step_overhead(loop_plan, num_classes, launched=True))
     hosts = sorted({host for _, host in placement})
     record: dict[str, Any] = {
         "links": {name: getattr(topology, name) for name in topology.source},
         "links_source": topology.source,
         "bandwidth_ratio": None if math.isinf(topology.bandwidth_ratio) else topology.bandwidth_ratio,
         "max_cross_node_ratio": max_cross_node_ratio,
+        "loop_seconds": topology.job_loop_seconds,
         "mesh": {**job_mesh(plan, node_of_rank), "hosts": hosts},
     }
     if len(hosts) < topology.nodes:  # two torchrun agents on one machine, as the tests and the README's demo start
