@@ -263,6 +263,7 @@ def test_the_preflight_of_a_launched_job_measures_its_links_inside_and_across_no
     assert report["requested"] == "4×cpu dp4 b32 acc1 32-true" and report["decision"] in ("GO", "NO-GO")
     assert any(r.startswith("links and device memory measured on this job's ranks: inside a node") for r in
                report["reasons"])  # fmt: skip
+    assert report["loop_seconds"] > 0 and "training-loop cost timed with this job's 4 ranks" in report["reasons"][-1]
     print(f"measured: {links}; R = {report['bandwidth_ratio']:.2f}; mesh {report['mesh']}")
 
 
