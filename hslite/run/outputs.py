@@ -94,9 +94,9 @@ def plot_map(
     height, width = predicted.shape
     aspect = width / height
     figsize = (len(panels) * 4.5 * min(2.0, max(0.5, aspect)) + 2.5, 4.8)
-    # A panel is drawn a few hundred pixels wide: a flightline's map is shown by every step-th pixel, as nearest-
-    # neighbour display would, so that matplotlib never holds RGBA copies of the whole scene (tens of bytes a pixel).
-    step = max(1, int(max(height, width) // (2 * MAP_DPI * max(figsize))))
+    # A panel is drawn at most 2 × 4.5 inches wide: a larger map is shown by every step-th pixel, as nearest-neighbour
+    # display would, so that matplotlib never holds RGBA copies of the whole scene (tens of bytes a pixel).
+    step = max(1, -(-max(height, width) // int(2 * 4.5 * MAP_DPI)))
     fig, axes = plt.subplots(1, len(panels), figsize=figsize, squeeze=False)
     for ax, (labels, title) in zip(axes[0], panels, strict=True):
         ax.imshow(colours[labels[::step, ::step]], interpolation="nearest")
