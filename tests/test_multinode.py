@@ -228,10 +228,13 @@ def test_a_killed_node_ends_the_job_on_the_other_with_one_sentence_and_no_proces
     print(f"the job ended {ended:.1f} s after the node was killed, {len(left)} processes left; {said}")
 
 
-def test_a_multinode_run_resumed_after_a_lost_node_ends_as_an_uninterrupted_one(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "layout", [pytest.param((), id="dp"), pytest.param(("parallel.fsdp=true", "parallel.hybrid_shard=true"), id="hsdp")]
+)  # hybrid shards: the full-state checkpoint loads back onto the (nodes, devices) mesh
+def test_a_multinode_run_resumed_after_a_lost_node_ends_as_an_uninterrupted_one(tmp_path: Path, layout) -> None:
     run, whole = tmp_path / "run", tmp_path / "whole"
     run.mkdir(), whole.mkdir()
-    same = ("train.max_epochs=20", "data.batch_size=8", "train.deterministic=true")  # epochs of many steps
+    same = ("train.max_epochs=20", "data.batch_size=8", "train.deterministic=true", *layout)  # epochs of many steps
     agents = _torchrun_nodes(run, 2, 1, *same)
     _kill_the_node_of_rank_1(run, agents, 3)  # last.ckpt holds an epoch before
     for agent in agents:
