@@ -133,7 +133,7 @@ def test_a_cube_larger_than_the_budget_is_trained_and_mapped_within_it(tmp_path)
     write = f"from hslite.datasets.synthetic import write_large_scene as w; w({str(tmp_path)!r} + '/cube.npy', "
     subprocess.run([sys.executable, "-c", write + f"{str(tmp_path)!r} + '/gt.npy', {shape})"], check=True)
     cube_bytes = 4 * np.prod(shape)
-    budget_bytes = int(0.9 * cube_bytes)
+    budget_bytes = int(0.95 * cube_bytes)  # above the interpreter, torch and Lightning (about 0.45 GB here)
     command = [
         sys.executable, "-m", "hslite.cli", "fit", f"data.scene={tmp_path / 'cube.npy'}",
         f"data.labels={tmp_path / 'gt.npy'}", "model.name=cnn1d", "data.patch_size=3", "data.pca_components=10",
