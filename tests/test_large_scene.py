@@ -19,7 +19,7 @@ from hslite.datasets.preprocess import BandNormalizer, PCAReducer, pad_reflect, 
 from hslite.datasets.scene_input import padded_input, training_spectra
 from hslite.datasets.synthetic import write_large_scene
 from hslite.errors import ConfigError, DataError
-from hslite.recipe.build import prepared_datamodule
+from hslite.recipe.build import plan_from_config, prepared_datamodule
 from hslite.recipe.config import load_config
 from hslite.recipe.memory_check import resident_bytes
 
@@ -93,6 +93,25 @@ def test_on_disk_trains_on_the_same_patches_and_maps_the_same_scene(tmp_path):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-6)
     labelled = int((np.load(tmp_path / "gt.npy") > 0).sum())
     assert on_disk._gatherer.storage.numel() == labelled * 5 * 5 * 4  # the labelled pixels' patches, not the scene
+
+
+def test_the_preflight_times_the_data_path_training_runs(tmp_path):
+    # data.on_disk: the probe's batches are the patch bank's, as training's are, and the probe's record says so
+    from hslite.recipe.recipe_parts import RecipeParts
+
+    write_large_scene(tmp_path / "cube.npy", tmp_path / "gt.npy", (150, 120, 12), labelled_fraction=0.1)
+    keys = {}
+    for on_disk in (False, True):
+        cfg = _own_scene_config(tmp_path, "data.pca_components=4", "data.patch_size=5", f"data.on_disk={on_disk}")
+        datamodule = prepared_datamodule(cfg)
+        parts = RecipeParts.of(cfg, plan_from_config(cfg), datamodule, 2, None, True)
+        trained = datamodule.train_dataloader().dataset
+        probed = trained.with_own_augmentation(cfg.train.seed)
+        index = torch.randint(0, len(trained), (16,), generator=torch.Generator().manual_seed(cfg.train.seed))
+        for a, b in zip(parts.make_batch(16), probed.__getitems__(index.tolist()), strict=True):
+            assert torch.equal(a, b)
+        keys[on_disk] = parts.cache_key
+    assert "-image150x120-cpu" in keys[False] and "-bank150x120-cpu" in keys[True]  # a probe of one is not the other's
 
 
 def _own_scene_config(tmp_path: Path, *overrides: str):

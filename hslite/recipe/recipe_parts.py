@@ -96,8 +96,14 @@ class RecipeParts:
         chag_supported = has_band_groups(cfg.model.name)
         sizes = [stop - start for start, stop in model.band_groups] if chag_supported else None  # type: ignore[union-attr]
         bands, classes, patch = datamodule.num_bands, datamodule.num_classes, cfg.data.patch_size
+        # The data path the probe times is the one training runs (a batch gathered from the scene's padded input,
+        # or from data.on_disk's compact bank of labelled patches, on the CPU or the GPU): a probe of one is not
+        # the price of another, nor of a scene whose image is another size.
+        rows, cols = datamodule.scene.gt.shape
+        path = f"{'bank' if datamodule.on_disk else 'image'}{rows}x{cols}-{datamodule.gather_device or 'cpu'}"
         return cls(cfg, plan, classes, have, topology, here, training_batches(datamodule, cfg.train.seed), factory,
-                   sizes, chag_supported, f"{cfg.model.name}-{cfg.model.size}-{bands}x{patch}x{patch}-c{classes}",
+                   sizes, chag_supported,
+                   f"{cfg.model.name}-{cfg.model.size}-{bands}x{patch}x{patch}-c{classes}-{path}",
                    architecture_digest(model))  # fmt: skip
 
     @property
