@@ -64,3 +64,10 @@ def _as_file(topology) -> dict:
     figures = ("nodes", "gpus_per_node", "intra_gbps", "inter_gbps", "intra_latency_us", "inter_latency_us")
     return {**{key: getattr(topology, key) for key in figures}, "device_memory_gib": topology.device_memory_gib,
             "source": dict(topology.source)}  # fmt: skip
+
+
+def test_a_profile_cannot_claim_to_be_a_launched_jobs_measurement(tmp_path):
+    profile = {**_as_file(load_topology("ib_hdr")), "measured": True, "job_loop_seconds": 0.001}
+    (tmp_path / "claims.yaml").write_text(yaml.safe_dump(profile))
+    with pytest.raises(ConfigError, match="sets job_loop_seconds, measured, which only a launched job"):
+        load_topology(str(tmp_path / "claims.yaml"))

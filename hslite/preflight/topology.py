@@ -173,6 +173,11 @@ def _topology(name: str, data: object, where: str) -> Topology:
     figures = ("intra_gbps", "inter_gbps", "intra_latency_us", "inter_latency_us", "device_memory_gib")
     if not isinstance(data, dict):
         raise ConfigError(f"{where} must be a mapping of {', '.join(figures)} and their sources; got {data!r}.")
+    measured_only = sorted({"name", "measured", "job_loop_seconds"} & data.keys())
+    if measured_only:
+        raise ConfigError(
+            f"{where} sets {', '.join(measured_only)}, which only a launched job's own measurement sets; remove them."
+        )
     try:
         topology = Topology(name=name, **data)
     except TypeError as err:
