@@ -30,16 +30,31 @@ def training_spectra(
     The whole cube is read (a NaN anywhere is reported before training, as a whole-cube check did).
     """
     out = np.empty((len(coords), kept.size), dtype=np.float32)
-    order = np.argsort(coords[:, 0], kind="stable")
-    rows = coords[order, 0]
+    in_rows = _by_row(coords)
     for start, block in source.blocks(block_bytes):
         if kept.size < block.shape[-1]:
             block = np.take(block, kept, axis=-1)
         check_finite(block, start)
-        low, high = np.searchsorted(rows, (start, start + block.shape[0]))
-        picked = order[low:high]
+        picked = in_rows(start, start + block.shape[0])
         out[picked] = block[coords[picked, 0] - start, coords[picked, 1]]
     return out
+
+
+def _by_row(coords: np.ndarray) -> Callable[[int, int], np.ndarray]:
+    """`in_rows(start, stop)`: the indices of the (n, 2) `coords` whose row is in start..stop-1 (sorted once)."""
+    order = np.argsort(coords[:, 0], kind="stable")
+    rows = coords[order, 0]
+
+    def in_rows(start: int, stop: int) -> np.ndarray:
+        low, high = np.searchsorted(rows, (start, stop))
+        return order[low:high]
+
+    return in_rows
+
+
+def _pixel_coords(index: torch.Tensor, cols: int) -> torch.Tensor:
+    """(n, 2) (row, col) of row-major pixel indices in a scene `cols` wide."""
+    return torch.stack((index // cols, index % cols), dim=1)
 
 
 def padded_input(
@@ -104,12 +119,10 @@ def patch_bank(
     """
     p = patch_size
     bank = np.empty((num_bands, len(coords), p, p), dtype=np.float32)
-    order = np.argsort(coords[:, 0], kind="stable")
-    rows = coords[order, 0]
+    in_rows = _by_row(coords)
     for start, stop, gatherer in scene_tiles(source, transform, p, source.block_rows(block_bytes)):
-        low, high = np.searchsorted(rows, (start, stop))
-        if high > low:
-            picked = order[low:high]
+        picked = in_rows(start, stop)
+        if picked.size:
             local = torch.as_tensor(coords[picked] - (start, 0), dtype=torch.long)
             bank[:, picked] = gatherer.gather(local).numpy().transpose(1, 0, 2, 3)
     return bank.reshape(num_bands, len(coords) * p, p)
@@ -149,7 +162,7 @@ class ScenePatches(Dataset):
     def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Return the batch (x (n, B, p, p) float32, y (n,) int64) for these pixel indices (row * cols + col)."""
         index = torch.as_tensor(indices, dtype=torch.long)
-        x = self.gatherer.gather(torch.stack((index // self.cols, index % self.cols), dim=1))
+        x = self.gatherer.gather(_pixel_coords(index, self.cols))
         return x, to_device(self.gt[index] - 1, x.device)
 
 
@@ -183,5 +196,5 @@ class SceneTiles(IterableDataset):
         tiles = scene_tiles(self.source, self.transform, self.patch_size, self.source.block_rows())
         for start, stop, gatherer in tiles:
             for index in torch.arange((stop - start) * self.cols).split(self.batch_size):
-                x = gatherer.gather(torch.stack((index // self.cols, index % self.cols), dim=1))
+                x = gatherer.gather(_pixel_coords(index, self.cols))
                 yield x, self.gt[start * self.cols + index] - 1
