@@ -87,7 +87,30 @@ def test_the_compute_model_is_fitted_to_the_steps_timed_at_the_batch_and_at_half
     assert result.compute_c1_seconds_per_sample == pytest.approx(6e-5)
 
 
-def test_activation_bytes_match_an_analytic_count_for_a_linear_stack():
+def test_every_timed_step_trains_on_a_batch_gathered_just_before_it_and_the_gathers_are_the_data_time(monkeypatch):
+    # Training never steps on one batch twice: a reused batch stays in cache with the weights, which the gather of
+    # the next batch would have evicted, and the probe priced one-device steps 6-20 % under what `fit` ran.
+    gathered: list[int] = []
+    stepped: list[int] = []
+    latest: list[int] = []  # the last batch gathered when each step ran
+
+    def counting_batch(b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        time.sleep(2e-3)  # a gather that costs something, so the data time is its own
+        gathered.append(len(gathered))
+        return torch.full((b, D), float(len(gathered) - 1)), torch.zeros(b, dtype=torch.long)
+
+    def recording_step(model, optimizer, batch, *args) -> list[float]:
+        stepped.append(int(batch[0][0, 0]))
+        latest.append(len(gathered) - 1)
+        return [1e-3, 2e-3, 1e-4]
+
+    monkeypatch.setattr(step_timing, "timed_step", recording_step)
+    result = probe_model(linear_stack, counting_batch, batch_size=16, precision="32-true", threads=1, warmup=1, steps=3)
+    warm_ups = (0, 1 + TAIL_STEPS)  # one at the batch, one at half of it
+    timed = [i for i in range(len(stepped)) if i not in warm_ups]
+    assert len(timed) == TAIL_STEPS + 3 and len({stepped[i] for i in timed}) == len(timed)
+    assert all(stepped[i] == latest[i] for i in timed)
+    assert 2e-3 <= result.data_seconds < 0.1
     b = 8
     result = probe_model(linear_stack, make_batch, batch_size=b, precision="32-true", threads=1, warmup=0, steps=1)
     # saved for backward: the input (b×D), both ReLU outputs (b×H each; the next Linear saves the same storage),
