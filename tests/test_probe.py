@@ -89,7 +89,7 @@ def test_the_compute_model_is_fitted_to_the_steps_timed_at_the_batch_and_at_half
 
 def test_every_timed_step_trains_on_a_batch_gathered_just_before_it_and_the_gathers_are_the_data_time(monkeypatch):
     # Training never steps on one batch twice: a reused batch stays in cache with the weights, which the gather of
-    # the next batch would have evicted, and the probe priced one-device steps 6-20 % under what `fit` ran.
+    # the next batch would have evicted, and the probe priced one-device steps up to 20 % under what `fit` ran.
     gathered: list[int] = []
     stepped: list[int] = []
     latest: list[int] = []  # the last batch gathered when each step ran

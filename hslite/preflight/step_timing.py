@@ -81,7 +81,7 @@ def measure_steps(
     gathers: list[float] = []
 
     def gathered(b: int) -> Any:
-        start = time.perf_counter()
+        start = time.perf_counter()  # the GPU is idle here: every timed step ends with a synchronize
         batch = batch_on_device(b)
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
@@ -93,8 +93,8 @@ def measure_steps(
         for _ in range(warmup_steps):
             one_step(batch)
         # Each timed step gets a batch gathered just before it, as in training: stepping on one batch again and again
-        # finds its input in cache and nothing evicting the weights between steps, and timed one-device steps so
-        # 6-20 % faster than `hslite fit` ran them (benchmarks/preflight_fidelity.py).
+        # finds its input in cache and nothing evicting the weights between steps, and timed one-device steps up to
+        # 20 % (median 11 %) faster than `hslite fit` ran them (benchmarks/preflight_fidelity.py).
         timed = [one_step(gathered(b))]
         while len(timed) < wanted and time.monotonic() < stop_at:
             timed.append(one_step(gathered(b)))
