@@ -110,6 +110,8 @@ def test_every_timed_step_trains_on_a_batch_gathered_just_before_it_and_the_gath
     timed = [i for i in range(len(stepped)) if i not in warm_ups]
     assert len(timed) == TAIL_STEPS + 3 and len({stepped[i] for i in timed}) == len(timed)
     assert all(stepped[i] == latest[i] for i in timed)
+    # nothing gathered and left unstepped (a warm-up batch where there is none), but the batch the sizes count
+    assert len(gathered) == len(stepped) + 1
     assert 2e-3 <= result.data_seconds < 0.1
     b = 8
     result = probe_model(linear_stack, make_batch, batch_size=b, precision="32-true", threads=1, warmup=0, steps=1)

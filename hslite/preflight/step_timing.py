@@ -89,9 +89,10 @@ def measure_steps(
         return batch
 
     def timed_steps(b: int, stop_at: float, warmup_steps: int, wanted: int) -> list[list[float]]:
-        batch = batch_on_device(b)
-        for _ in range(warmup_steps):
-            one_step(batch)
+        if warmup_steps:  # no batch gathered for none: on a GPU its queued copy would run in the first gather's time
+            batch = batch_on_device(b)
+            for _ in range(warmup_steps):
+                one_step(batch)
         # Each timed step gets a batch gathered just before it, as in training: stepping on one batch again and again
         # finds its input in cache and nothing evicting the weights between steps, and timed one-device steps up to
         # 20 % (median 11 %) faster than `hslite fit` ran them (benchmarks/preflight_fidelity.py).
