@@ -8,9 +8,9 @@ with the Plan's own Trainer arguments (the same strategy and ranks), timed by th
 
 With several ranks the figure holds the ranks meeting at the linear layer's gradient all-reduce, and every plan
 prices its own all-reduce elsewhere (its ranks timed stepping together, or the link model): counted in both, 4 gloo
-ranks on 2 cores were priced up to 45 % over their fit, the meeting being 5-7 ms of a 9 ms loop figure. So the same
-ranks, right after the loop, time that all-reduce alone (`MeetingTimer`), and the loop's cost is the figure net of
-it. The linear layer's compute stays inside: small against what it stands for.
+ranks on 2 cores were priced up to 45 % over their fit, the bare DDP step being 4.5-5.5 ms of a 9-11 ms loop figure.
+So the same ranks, right after the loop, time the same layer's bare DDP step (`MeetingTimer`), and the loop's cost
+is the figure net of it: what Lightning, the metrics and the logging add around a DDP step.
 
 It lives beside the code that builds trainers, not in `preflight/`: the pre-flight never builds a Trainer, it is
 handed `measure_step_overhead` as a callable (`hslite.recipe.gate`).
@@ -150,7 +150,8 @@ class MeetingTimer(pl.Callback):
         device = trainer.strategy.root_device
         layer = nn.Linear(FEATURES, self.num_classes).to(device)
         ddp = DistributedDataParallel(layer, device_ids=[device] if device.type == "cuda" else None)
-        optimizer = type(trainer.optimizers[0])(ddp.parameters())
+        loops_optimizer: Any = type(trainer.optimizers[0])  # its own defaults: what a step costs, not its rate
+        optimizer = loops_optimizer(ddp.parameters())
         x = torch.randn(BATCH_SIZE, FEATURES, device=device)
         y = torch.randint(0, self.num_classes, (BATCH_SIZE,), device=device)
         seconds = []
