@@ -396,3 +396,29 @@ def test_p_star_of_a_one_device_request_is_on_this_boxs_link_for_two():
     first = report["links"][0]
     assert first["link"] == "this box (2 ranks, measured)" and first["alpha_seconds"] == link.alpha_seconds
     assert report["world_size"] == 2 and report["batch_size"] == 32  # the global batch of 64 over 2 ranks
+
+
+def test_p_star_on_this_box_takes_the_loop_its_plans_are_priced_with():
+    from hslite.preflight.formulas import critical_params, ring_allreduce_terms
+
+    link, requested = LinkModel(1e-4, 100e9), Plan(devices=2, accelerator="gpu", batch_size=64)
+    free = run_preflight(requested, synthetic_probe, lambda plan: link, 80 * GIB, 0.5)
+    assert free.go and free.critical_params["links"][0]["pays_for_this_model"]
+    # Two ranks' loop costs 2 × 12 ms beyond one rank's 1 ms per step: more than the model's 10 ms step, so DP cannot
+    # pay, and P* must not say it does beside a NO-GO plan table.
+    loops = {1: 1e-3, 2: 25e-3}
+    verdict = run_preflight(requested, synthetic_probe, lambda plan: link, 80 * GIB, 0.5,
+                            loop_seconds_for=lambda plan: loops[plan.devices])  # fmt: skip
+    report = verdict.critical_params
+    here = report["links"][0]
+    assert not verdict.go and here["link"] == "this box (2 ranks, measured), as requested"
+    assert not here["pays_for_this_model"] and here["added_loop_seconds"] == pytest.approx(24e-3)
+    assert report["loop_seconds"] == 1e-3
+    # The seeds' formula with the loop in its terms: c0 + L1 fixed compute, alpha + (L_N − L1) fixed communication.
+    probe = synthetic_probe(requested)
+    alpha, beta = ring_allreduce_terms(link, 2, probe.grad_bytes / probe.param_count)
+    expected = critical_params(probe.compute_c0_seconds + 1e-3, report["c1_seconds_per_param_sample"], 64,
+                               alpha + 24e-3, beta, r_target=here["r_target"])  # fmt: skip
+    assert (here["p_star"], here["pays"]) == (expected.params, expected.pays)
+    # A bundled topology's GPUs are not here: priced with one local rank's loop, their ranks add none of it.
+    assert all(row["added_loop_seconds"] == 0 for row in report["links"][1:])

@@ -5,12 +5,17 @@ a device profile, slowed by s where this box's CPU ranks share cores), P* is whe
 r = T_comm / T_c crosses r* = 1/(s·E_min) − 1, the ratio at which E = 1/(s·(1 + r)) meets
 `preflight.min_efficiency` (DESIGN §3: T_c ≈ c0 + c1·P·b, the seeds' assumption that compute grows with the
 parameters). One row per link: this box's (measured) or the requested topology's, and each bundled topology's at
-the same rank count with a device per rank (s = 1), so a team sees which links its model size needs. Neither DDP's
-overlap nor the training loop's own cost enters P*: the plan table prices those.
+the same rank count with a device per rank (s = 1), so a team sees which links its model size needs.
+
+The training loop's own cost (`preflight.overhead`) enters as the plans are priced: one rank's, L1, is part of the
+fixed compute (c0 + L1), and what the plan's N ranks add to it beyond s·L1 part of the latency term (alpha +
+L_N − s·L1), so a row says "pays" only where the plan table's E would. Without it a 30k-parameter model on this
+box's 2 ranks read "DP pays for every size" beside a plan priced at E 0.36. DDP's overlap does not enter P*.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from hslite.errors import ConfigError
@@ -46,32 +51,36 @@ def critical_params_report(
     probe: ProbeResult,
     batch_size: int,
     world_size: int,
-    links: dict[str, tuple[LinkModel, float]],
+    links: dict[str, tuple[LinkModel, float, float]],
     min_efficiency: float,
+    alone_loop_seconds: float = 0.0,
 ) -> dict[str, Any]:
     """P* of `probe`'s model on each of `links` at `world_size` ranks of `batch_size`, with the model's own P.
 
     Each link comes with s, how much slower a rank computes beside the others there (CPU ranks sharing cores; 1
-    where each rank has a device of its own).
+    where each rank has a device of its own), and the seconds per step the loop of its N ranks costs beyond s × one
+    rank's (`alone_loop_seconds`; module notes).
     """
+    c0 = probe.compute_c0_seconds + alone_loop_seconds
     c1 = probe.compute_c1_seconds_per_sample / probe.param_count
     grad_element_bytes = probe.grad_bytes / probe.param_count
     rows = []
-    for name, (link, slowdown) in links.items():
+    for name, (link, slowdown, added_loop) in links.items():
         r_target = 1 / (slowdown * min_efficiency) - 1
         alpha, beta = ring_allreduce_terms(link, world_size, grad_element_bytes)
-        p_star = critical_params(slowdown * probe.compute_c0_seconds, slowdown * c1, batch_size, alpha, beta,
-                                 r_target=r_target)  # fmt: skip
+        p_star = critical_params(slowdown * c0, slowdown * c1, batch_size, alpha + added_loop, beta, r_target=r_target)
         rows.append({"link": name, "p_star": p_star.params, "pays": p_star.pays, "pays_for": _SIDE[p_star.pays],
                      "pays_for_this_model": p_star.pays_at(probe.param_count), "r_target": r_target,
                      "slowdown": slowdown, "alpha_seconds": link.alpha_seconds,
-                     "bandwidth_bytes_per_second": link.bandwidth_bytes_per_second})  # fmt: skip
+                     "bandwidth_bytes_per_second": link.bandwidth_bytes_per_second,
+                     "added_loop_seconds": added_loop})  # fmt: skip
     return {
         "model_params": probe.param_count,
         "world_size": world_size,
         "batch_size": batch_size,
         "c0_seconds": probe.compute_c0_seconds,
         "c1_seconds_per_param_sample": c1,
+        "loop_seconds": alone_loop_seconds,
         "links": rows,
     }
 
@@ -83,19 +92,24 @@ def critical_params_of_verdict(
     probe: ProbeResult,
     topology: Topology | None,
     min_efficiency: float,
+    loop_seconds: Callable[[Plan], float] = lambda plan: 0.0,
 ) -> dict[str, Any]:
     """P* on the link the requested DP uses and on each bundled topology's, at the same rank count.
 
     For a one-device request, the link of plain DP over 2 of this box's devices, when that plan was priced.
+    `loop_seconds(plan)` is the loop's cost per micro-step the plans were priced with. Bundled topologies' GPUs are
+    not here: their ranks' loop is priced as one local rank's, as a plan on them is, so it adds nothing beyond L1.
     """
     world = max(requested.world_size, 2)
     plain = [p for p in predictions if p.world_size == p.dp == world and p.num_nodes == requested.num_nodes
              and not (p.fsdp or p.compression_enabled)]  # fmt: skip
     dp_plan = requested if requested.world_size > 1 else next(iter(plain), None)
-    p_star_links = {name: (link, 1.0) for name, link in bundled_links(world).items()}
+    alone_loop = loop_seconds(Plan(accelerator=requested.accelerator))
+    p_star_links = {name: (link, 1.0, 0.0) for name, link in bundled_links(world).items()}
     if dp_plan is not None:
         here = f"topology {topology.name}" if topology is not None else f"this box ({world} ranks, measured)"
-        mine = (plan_links[dp_plan], predictions[dp_plan].oversubscription)
+        slowdown = predictions[dp_plan].oversubscription
+        mine = (plan_links[dp_plan], slowdown, loop_seconds(dp_plan) - slowdown * alone_loop)
         p_star_links = {here + (", as requested" if dp_plan == requested else ""): mine, **p_star_links}
     batch = dp_plan.batch_size if dp_plan is not None else requested.batch_size
-    return critical_params_report(probe, batch, world, p_star_links, min_efficiency)
+    return critical_params_report(probe, batch, world, p_star_links, min_efficiency, alone_loop)

@@ -148,7 +148,7 @@ def run_preflight(
     )
     verdict = decide(requested, predictions, min_efficiency)
     verdict.critical_params = critical_params_of_verdict(requested, predictions, plan_links, priced_request["probe"],
-                                                         topology, min_efficiency)  # fmt: skip
+                                                         topology, min_efficiency, loop_seconds)  # fmt: skip
     return verdict
 
 
