@@ -20,11 +20,14 @@ def own_cache(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_one_process_loop_is_measured_once_then_read_from_the_cache(own_cache):
+def test_one_process_loop_is_measured_once_net_of_its_layers_bare_step_then_read_from_the_cache(own_cache):
     seconds = measure_step_overhead(Plan(devices=1), num_classes=16)
     assert 0 < seconds < 1, "a linear layer's Lightning step takes milliseconds, not seconds"
-    cached = list(own_cache.rglob("overhead-*.json"))
+    cached = [json.loads(path.read_text()) for path in own_cache.rglob("overhead-*.json")]
     assert len(cached) == 1
+    loop, bare = cached[0]["result"]["step_seconds"], cached[0]["result"]["bare_step_seconds"]
+    # The layer's own step is priced by the probe for the plan's model: the loop is what Lightning adds around it.
+    assert 0 < bare < loop and seconds == pytest.approx(loop - bare)
     assert measure_step_overhead(Plan(devices=1), num_classes=16) == seconds
 
 
@@ -36,21 +39,23 @@ def test_two_gloo_ranks_run_the_plans_own_ddp_loop_priced_net_of_their_bare_ddp_
     assert 0 < seconds < 1, f"{seconds:.3g} s per step of a linear layer's DDP loop"
     cached = [json.loads(path.read_text()) for path in own_cache.rglob("overhead-*.json")]
     assert len(cached) == 1 and cached[0]["key"]["ranks"] == 2
-    loop, meeting = cached[0]["result"]["step_seconds"], cached[0]["result"]["meeting_seconds"]
-    # The ranks met at an all-reduce in each bare step: a real collective, not a skipped one, and less than the loop.
-    assert 0 < meeting < loop and seconds == pytest.approx(loop - meeting)
+    loop, bare = cached[0]["result"]["step_seconds"], cached[0]["result"]["bare_step_seconds"]
+    # The ranks met at an all-reduce in each bare DDP step, which every plan prices on its own.
+    assert 0 < bare < loop and seconds == pytest.approx(loop - bare)
     assert measure_step_overhead(Plan(devices=2, batch_size=8), num_classes=4) == seconds  # read back, net
 
 
-def test_a_record_from_before_the_meeting_was_timed_is_measured_again(own_cache, monkeypatch):
+def test_a_record_from_before_the_bare_step_was_timed_is_measured_again(own_cache, monkeypatch):
     from hslite.parallel import loop_cost
 
     key = loop_cost._cache_key(Plan(devices=2, batch_size=loop_cost.BATCH_SIZE), 4)
     write_cache("overhead", key, {"step_seconds": 0.009})  # it holds the ranks' meeting, counted twice
     assert loop_cost.cached_step_overhead(Plan(devices=2), 4) is None
-    write_cache("overhead", key, {"step_seconds": 0.009, "meeting_seconds": 0.006})
+    write_cache("overhead", key, {"step_seconds": 0.009, "meeting_seconds": 0.006})  # one morning's: no 1-rank step
+    assert loop_cost.cached_step_overhead(Plan(devices=2), 4) is None
+    write_cache("overhead", key, {"step_seconds": 0.009, "bare_step_seconds": 0.006})
     assert loop_cost.cached_step_overhead(Plan(devices=2), 4) == pytest.approx(0.003)
-    write_cache("overhead", key, {"step_seconds": 0.004, "meeting_seconds": 0.005})  # two noisy medians
+    write_cache("overhead", key, {"step_seconds": 0.004, "bare_step_seconds": 0.005})  # two noisy medians
     assert loop_cost.cached_step_overhead(Plan(devices=2), 4) == 0.0
 
 
@@ -65,7 +70,7 @@ def test_the_ranks_loop_is_timed_with_the_plans_own_trainer(own_cache, monkeypat
         def __init__(self, **kwargs) -> None:
             trainers.append(kwargs)
             self.callback_metrics = {"perf/median_batch_seconds": torch.tensor(0.004),
-                                     "perf/meeting_seconds": torch.tensor(0.001)}  # fmt: skip
+                                     "perf/bare_step_seconds": torch.tensor(0.001)}  # fmt: skip
 
         def fit(self, task, train_dataloaders) -> None:
             trainers[-1]["batches"] = len(train_dataloaders.dataset)
@@ -77,4 +82,4 @@ def test_the_ranks_loop_is_timed_with_the_plans_own_trainer(own_cache, monkeypat
     assert (used["accelerator"], used["devices"], used["num_nodes"]) == ("cpu", 2, 1)
     assert type(used["strategy"]) is type(plans_own["strategy"])  # the DDP strategy `hslite fit` trains with
     assert used["batches"] == 2 * loop_cost.STEPS_PER_RANK  # each rank steps as often as one process would
-    assert any(isinstance(callback, loop_cost.MeetingTimer) for callback in used["callbacks"])
+    assert any(isinstance(callback, loop_cost.BareStepTimer) for callback in used["callbacks"])

@@ -418,7 +418,7 @@ def test_p_star_on_this_box_takes_the_loop_its_plans_are_priced_with():
     probe = synthetic_probe(requested)
     alpha, beta = ring_allreduce_terms(link, 2, probe.grad_bytes / probe.param_count)
     expected = critical_params(probe.compute_c0_seconds + 1e-3, report["c1_seconds_per_param_sample"], 64,
-                               alpha + 24e-3, beta, r_target=here["r_target"])  # fmt: skip
+                               alpha + here["added_loop_seconds"], beta, r_target=here["r_target"])  # fmt: skip
     assert (here["p_star"], here["pays"]) == (expected.params, expected.pays)
     # A bundled topology's GPUs are not here: priced with one local rank's loop, their ranks add none of it.
     assert all(row["added_loop_seconds"] == 0 for row in report["links"][1:])

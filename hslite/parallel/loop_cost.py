@@ -6,11 +6,12 @@ each all-reduce. For a small model that is as much as its whole step, and left o
 miss its prediction badly. So it is measured, not assumed: `Trainer.fit` of `HSIClassifier` around a linear layer,
 with the Plan's own Trainer arguments (the same strategy and ranks), timed by the callback that times `hslite fit`.
 
-With several ranks the figure holds the ranks meeting at the linear layer's gradient all-reduce, and every plan
-prices its own all-reduce elsewhere (its ranks timed stepping together, or the link model): counted in both, 4 gloo
-ranks on 2 cores were priced up to 45 % over their fit, the bare DDP step being 4.5-5.5 ms of a 9-11 ms loop figure.
-So the same ranks, right after the loop, time the same layer's bare DDP step (`MeetingTimer`), and the loop's cost
-is the figure net of it: what Lightning, the metrics and the logging add around a DDP step.
+The figure also holds the linear layer's own step, and with several ranks their meeting at its gradient all-reduce,
+while every plan prices its own model's step and all-reduce (the probe; its ranks timed stepping together, or the
+link model). Counted in both, 4 gloo ranks on 2 cores were priced up to 45 % over their fit
+(benchmarks/preflight_fidelity.py). So the same ranks, right after the loop, time the same layer's bare step (under
+DDP when there are several; `BareStepTimer`), and the loop's cost is the figure net of it: what Lightning, the
+metrics and the logging add around a step.
 
 It lives beside the code that builds trainers, not in `preflight/`: the pre-flight never builds a Trainer, it is
 handed `measure_step_overhead` as a callable (`hslite.recipe.gate`).
@@ -68,7 +69,7 @@ def measure_step_overhead(plan: Plan, num_classes: int, *, fresh: bool = False, 
     # Ready batches (a list is a map-style dataset): no per-sample collate to time; DDP gives each rank its share.
     loader = DataLoader(cast("Dataset[tuple[Tensor, Tensor]]", batches), batch_size=None)
     kwargs = trainer_kwargs(loop_plan, progress=False, launched=launched)
-    kwargs["callbacks"] += [TrainThroughput(), MeetingTimer(num_classes)]
+    kwargs["callbacks"] += [TrainThroughput(), BareStepTimer(num_classes)]
     trainer = pl.Trainer(
         max_epochs=1, logger=False, enable_checkpointing=False, limit_val_batches=0, num_sanity_val_steps=0, **kwargs
     )
@@ -77,11 +78,11 @@ def measure_step_overhead(plan: Plan, num_classes: int, *, fresh: bool = False, 
         trainer.fit(HSIClassifier(nn.Linear(FEATURES, num_classes), num_classes), train_dataloaders=loader)
     figures = {  # the slowest rank's
         "step_seconds": float(trainer.callback_metrics["perf/median_batch_seconds"]),
-        "meeting_seconds": float(trainer.callback_metrics.get("perf/meeting_seconds", 0.0)),  # none on one rank
+        "bare_step_seconds": float(trainer.callback_metrics["perf/bare_step_seconds"]),
     }
     if not launched:
         write_cache("overhead", _cache_key(loop_plan, num_classes), figures)
-    return _net_of_meeting(figures)
+    return _net_of_bare_step(figures)
 
 
 def measure_step_overhead_apart(plan: Plan, num_classes: int, *, fresh: bool = False) -> float:
@@ -120,52 +121,52 @@ def cached_step_overhead(plan: Plan, num_classes: int) -> float | None:
     loop_plan = Plan(devices=plan.devices, num_nodes=plan.num_nodes, accelerator=plan.accelerator,
                      batch_size=BATCH_SIZE)  # fmt: skip
     cached = read_cache("overhead", _cache_key(loop_plan, num_classes))
-    if cached is None or "meeting_seconds" not in cached:  # a record from before the meeting was timed: re-measure
+    if cached is None or "bare_step_seconds" not in cached:  # a record from before the bare step was timed
         return None
-    return _net_of_meeting(cached)
+    return _net_of_bare_step(cached)
 
 
-def _net_of_meeting(figures: dict[str, float]) -> float:
-    return max(0.0, figures["step_seconds"] - figures["meeting_seconds"])  # two medians: noise cannot price below 0
+def _net_of_bare_step(figures: dict[str, float]) -> float:
+    return max(0.0, figures["step_seconds"] - figures["bare_step_seconds"])  # two medians: noise cannot price below 0
 
 
-class MeetingTimer(pl.Callback):
-    """After the loop, the same ranks time the loop's model stepping under DDP alone: what the loop figure holds of it.
+class BareStepTimer(pl.Callback):
+    """After the loop, the same ranks time the loop's layer stepping alone: what the loop figure holds of a step.
 
-    A fresh DistributedDataParallel of a linear layer of the loop's shape, with the loop's optimiser class, stepped
-    back-to-back on its own batch (no Lightning, no metrics), as the probe times a plan's ranks stepping together
-    (`preflight.ranks_together`): subtracting like from like leaves what Lightning's loop adds around a DDP step.
-    On CUDA each step is waited for before its clock stops (NCCL is asynchronous). The slowest rank's median, logged
-    as `perf/meeting_seconds`; one rank has no group and logs nothing.
+    A fresh linear layer of the loop's shape (in DistributedDataParallel when there are several ranks, as `hslite
+    fit` wraps a model), with the loop's optimiser class, stepped back-to-back on its own batch (no Lightning, no
+    metrics), as the probe times a model's step and a plan's ranks stepping together (`preflight.ranks_together`):
+    subtracting like from like leaves what Lightning's loop adds around a step. On CUDA each step is waited for
+    before its clock stops (kernels and NCCL are asynchronous). The slowest rank's median, logged as
+    `perf/bare_step_seconds`.
     """
 
     def __init__(self, num_classes: int, repeats: int = STEPS_PER_RANK) -> None:
         self.num_classes, self.repeats = num_classes, repeats
 
     def on_train_epoch_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:  # noqa: D102
-        if trainer.world_size == 1:
-            return
         from torch.nn.parallel import DistributedDataParallel
 
         device = trainer.strategy.root_device
-        layer = nn.Linear(FEATURES, self.num_classes).to(device)
-        ddp = DistributedDataParallel(layer, device_ids=[device] if device.type == "cuda" else None)
+        layer: nn.Module = nn.Linear(FEATURES, self.num_classes).to(device)
+        if trainer.world_size > 1:
+            layer = DistributedDataParallel(layer, device_ids=[device] if device.type == "cuda" else None)
+            dist.barrier()  # every rank's timed steps overlap the others'
         loops_optimizer: Any = type(trainer.optimizers[0])  # its own defaults: what a step costs, not its rate
-        optimizer = loops_optimizer(ddp.parameters())
+        optimizer = loops_optimizer(layer.parameters())
         x = torch.randn(BATCH_SIZE, FEATURES, device=device)
         y = torch.randint(0, self.num_classes, (BATCH_SIZE,), device=device)
         seconds = []
-        dist.barrier()
         for _ in range(self.repeats + 2):  # the first two rebuild DDP's buckets and warm the optimiser
             start = time.perf_counter()
-            nn.functional.cross_entropy(ddp(x), y).backward()
+            nn.functional.cross_entropy(layer(x), y).backward()
             optimizer.step()
             optimizer.zero_grad()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             seconds.append(time.perf_counter() - start)
         median = torch.tensor(statistics.median(seconds[2:]), dtype=torch.float64)
-        module.log("perf/meeting_seconds", float(trainer.strategy.reduce(median, reduce_op="max")))
+        module.log("perf/bare_step_seconds", float(trainer.strategy.reduce(median, reduce_op="max")))
 
 
 def _cache_key(loop_plan: Plan, num_classes: int) -> dict[str, object]:
