@@ -6,7 +6,7 @@ from hslite.models import describe_models, get_model, has_band_groups, list_mode
 
 torch.set_num_threads(1)
 
-MODELS = ["cnn1d", "cnn3d", "hybridsn", "spectralformer", "channel_vit"]
+MODELS = ["cnn1d", "cnn3d", "hybridsn", "spectralformer", "channel_vit", "ssftt"]
 NUM_CLASSES = 5
 
 

@@ -102,7 +102,7 @@ def test_channel_groups_on_absent_devices_divide_the_tokenizer_memory_and_price_
     assert chag.chag_bytes_per_step == 2 * 16 // 4 * sizes.group_token_bytes_per_sample and dp.chag_bytes_per_step == 0
 
 
-SHIPPED = ["cnn1d", "cnn3d", "hybridsn", "spectralformer", "channel_vit"]
+SHIPPED = ["cnn1d", "cnn3d", "hybridsn", "spectralformer", "channel_vit", "ssftt"]
 
 
 def _patches(b: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -21,6 +21,7 @@ from hslite.models.cnn1d import CNN1D
 from hslite.models.cnn3d import CNN3D
 from hslite.models.hybridsn import HybridSN
 from hslite.models.spectralformer import SpectralFormer
+from hslite.models.ssftt import SSFTT
 
 ENTRY_POINT_GROUP = "hslite.models"  # an installed package's models: `[project.entry-points."hslite.models"]`
 
@@ -54,6 +55,7 @@ _BUILTIN: dict[str, ModelClass] = {
     "hybridsn": HybridSN,
     "spectralformer": SpectralFormer,
     "channel_vit": ChannelViT,
+    "ssftt": SSFTT,
 }
 _registered: dict[str, ModelClass] = {}  # register()
 _plugins: dict[str, tuple[ModelClass, str]] | None = None  # name -> (class, distribution), loaded on first use
