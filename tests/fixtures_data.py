@@ -15,7 +15,7 @@ import scipy.io
 from hslite.datasets.scenes import get_scene_spec
 
 # dtypes of the public cubes (README of ../shared/data and the EHU files): used to write look-alike cubes.
-REAL_CUBE_DTYPES = {"indian_pines": np.int16, "pavia_university": np.uint16, "salinas": np.int16}
+REAL_CUBE_DTYPES = {"indian_pines": np.uint16, "pavia_university": np.uint16, "salinas": np.int16}
 
 
 def tiny_cube(rows: int = 7, cols: int = 6, bands: int = 5, seed: int = 0, dtype=np.int16) -> np.ndarray:

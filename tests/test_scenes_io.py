@@ -12,7 +12,7 @@ import pytest
 from hslite.datasets import fetch, scene_specs, scenes
 from hslite.datasets.fetch import RemoteFile, ensure_file, sha256_file
 from hslite.datasets.geotiff_out import write_geotiff
-from hslite.datasets.io import read_cube, read_labels
+from hslite.datasets.io import open_cube, read_cube, read_labels
 from hslite.datasets.scenes import get_scene_spec, list_scenes, load_scene, load_unmixing
 from hslite.errors import DataError
 
@@ -314,6 +314,17 @@ def test_salinas_a_loads_with_its_six_classes(shared_data):
     assert scene.cube.shape == (83, 86, 204) and scene.cube.dtype == np.float32
     assert scene.num_classes == 6
     assert np.bincount(scene.gt.ravel()).tolist() == [1790, 391, 1343, 616, 1525, 674, 799]
+
+
+@pytest.mark.realdata
+def test_real_indian_pines_is_read_as_its_uint16_counts(shared_data):
+    path = shared_data / "indian_pines" / get_scene_spec("indian_pines").cube_file.name
+    if not path.is_file():
+        pytest.skip(f"the real Indian Pines cube is not at {path}")
+    opened = open_cube(path)
+    assert opened.dtype == np.uint16 and opened.shape == (145, 145, 200)
+    cube = load_scene("indian_pines", shared_data).cube
+    assert cube.dtype == np.float32 and (cube.min(), cube.max()) == (955.0, 9604.0)  # the EHU file's range
 
 
 @pytest.mark.realdata
