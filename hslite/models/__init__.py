@@ -182,10 +182,7 @@ def describe_models() -> dict[str, str]:
 
 
 def has_band_groups(name: str) -> bool:
-    """Whether model ``name`` encodes band groups separately (``encode_group`` / ``aggregate`` / ``head``).
-
-    That boundary is where channel groups split a model across ranks and channel-subset rotation leaves groups out.
-    """
+    """Whether model ``name`` encodes band groups apart, where channel groups split it, rotation leaves some out."""
     return bool(getattr(_models().get(name), "BAND_GROUPS", False))
 
 
