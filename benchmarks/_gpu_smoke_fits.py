@@ -35,8 +35,8 @@ REPEATABLE = ("train.deterministic=true", "train.max_epochs=3", "data.augment=tr
               "data.batch_size=16", "preflight.enabled=false")  # fmt: skip
 CALIBRATION_NOTE = (
     "×: measured / predicted. The e and launch_us 'to match' assume the step's device time is all FLOPs, or all "
-    "kernel launches (DESIGN §3 roofline). 32-true fits run with TF32 on (parallel.tf32), which the profile prices at "
-    "plain FP32: their e to match overstates the FP32 efficiency."
+    "kernel launches (docs/design.md, what-if). 32-true fits run with TF32 on (parallel.tf32), which the profile "
+    "prices at plain FP32: their e to match overstates the FP32 efficiency."
 )
 CALIBRATED = {"fp32": "32-true", "bf16_mixed": "bf16-mixed", "16_mixed": "16-mixed"}  # (e)'s rows, as b's tags
 SCORES = ("OA", "AA", "kappa", "per_class_accuracy", "confusion_matrix", "optimizer_steps", "train_samples")

@@ -1,4 +1,4 @@
-"""Cost model: the seeds' worked cases, P*, memory accounting, accumulation, compression, channel groups."""
+"""Cost model: docs/design.md's reference cases, P*, memory accounting, accumulation, compression, channel groups."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def test_exact_ring_factor_charges_latency_per_step_and_fraction_of_bytes():
 
 def test_critical_params_follow_the_sign_rule_on_the_seeds_cases():
     c1_per_param_sample = COMPUTE_SECONDS / (2_000_000 * 64)
-    # the seeds' simplification: T_comm = alpha + 2·P·b_g/BW
+    # the simplified bound: T_comm = alpha + 2·P·b_g/BW
     fast = formulas.critical_params(0.0, c1_per_param_sample, 64, 1e-4, 2 * 4 / (40 * GB))
     assert fast.pays == "above" and fast.params == pytest.approx(1e-4 / (c1_per_param_sample * 64 - 8 / (40 * GB)))
     assert c1_per_param_sample * fast.params * 64 == pytest.approx(1e-4 + 2 * fast.params * 4 / (40 * GB))  # r = 1
@@ -86,8 +86,8 @@ def test_critical_params_follow_the_sign_rule_on_the_seeds_cases():
     assert never.pays == "never" and never.params is None and not never.pays_at(1e12)
     always = formulas.critical_params(1e-3, c1_per_param_sample, 64, 1e-4, 2 * 4 / (40 * GB))
     assert always.pays == "always" and always.pays_at(1)
-    # Seed 002's small model: c0 = 2 ms, 1 GB/s, b = 9: the compute's fixed part hides the link's latency, so DP pays
-    # below about 0.4 M parameters (DESIGN §3), where a denominator ≤ 0 once read as "never"
+    # The P* example of docs/design.md: c0 = 2 ms, 1 GB/s, b = 9: the compute's fixed part hides the link's latency, so
+    # DP pays below about 0.4 M parameters, where a denominator ≤ 0 once read as "never"
     small = formulas.critical_params(2e-3, 1 / 3 * 1e-9, 9, 0.0, 2 * 4 / (1 * GB))
     assert small.pays == "below" and small.params == pytest.approx(0.4e6)
     assert small.pays_at(0.3e6) and not small.pays_at(0.5e6)
@@ -240,7 +240,7 @@ def test_the_int8_hook_is_priced_with_no_overlap_as_its_collectives_are_synchron
     links = {"hiding": LinkModel(0.0, 1 * GB, overlap=1.0), "bound": LinkModel(0.0, 1 * GB)}
     priced = {(c, name): cm.predict(gpu_plan(4, compression=c), big, link, 80 * 2**30)
               for c in ("int8", "bf16") for name, link in links.items()}  # fmt: skip
-    # DESIGN §3: the int8 hook exchanges each bucket inside the hook, so backward waits for it; torch's bf16 doesn't.
+    # The int8 hook exchanges each bucket inside the hook, so backward waits for it; torch's bf16 doesn't.
     assert priced["int8", "hiding"].comm_seconds == pytest.approx(priced["int8", "bound"].comm_seconds)
     assert any("no overlap" in note for note in priced["int8", "hiding"].notes)
     assert priced["bf16", "hiding"].comm_seconds < priced["bf16", "bound"].comm_seconds

@@ -33,7 +33,7 @@ def test_vit_l_with_a_wide_context_does_not_fit_and_accumulation_beats_channel_g
     assert not verdict.go and any("activations dominate" in reason for reason in verdict.reasons)
     better = verdict.better_plan
     assert better is not None and not better.chag_enabled and better.accumulate > 1 and better.world_size == 8
-    # Channel groups that fit were priced against plain DP at the same global batch, and missed the seed's 5 % rule
+    # Channel groups that fit were priced against plain DP at the same global batch, and missed the design's 5 % rule
     chag = [row for row in verdict.rows if row["step_gain"] is not None and row["fits"] and "b16 acc8" in row["plan"]]
     assert chag and all(not row["clears_chag_rule"] for row in chag)
 

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-MAX_TOP_LEVEL_FILES = 10  # DESIGN §1: roles live in folders; the top floor keeps the API, the CLI and leaf helpers
+MAX_TOP_LEVEL_FILES = 10  # docs/design.md, layout: roles live in folders; the top floor keeps API, CLI, leaf helpers
 MAX_LINES = 300
 
 
@@ -68,3 +69,18 @@ def test_a_file_over_300_lines_says_why_in_its_docstring():
         if len(text.splitlines()) > MAX_LINES and "300 lines" not in docstring:
             long.append(f"{path.relative_to(REPO)}: {len(text.splitlines())} lines")
     assert long == []
+
+
+def test_code_and_readme_cite_only_what_the_repository_holds():
+    """Design notes outside the repository, private documents and issue numbers are not citable: a reader cannot open
+    them. The design the code stands on is docs/design.md."""
+    unopenable = re.compile(r"DESIGN §|DESIGN\.md|\b[Ss]eed 00\d|the seeds'|\b[Ii]ssue \d+")
+    sources = [*REPO.glob("hslite/**/*.py"), *REPO.glob("benchmarks/**/*.py"), *REPO.glob("recipes/*.yaml")]
+    cited = [
+        f"{path.relative_to(REPO)}:{number}: {line.strip()}"
+        for path in [*sources, REPO / "README.md"]
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if unopenable.search(line)
+    ]
+    assert cited == []
+    assert (REPO / "docs" / "design.md").is_file()

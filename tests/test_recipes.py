@@ -161,7 +161,7 @@ def test_recipes_of_one_training_agree_on_its_global_batch():
     """Recipes that train one model on one input differ only in layout: the same global batch, so the same lr fits.
 
     hslite keeps the global batch when it compares or picks plans (`compare`, `parallel.plan=auto`) instead of
-    rescaling the learning rate, so the shipped alternatives of one training keep it too (seed 002 §4.3).
+    rescaling the learning rate, so the shipped alternatives of one training keep it too (docs/design.md).
     """
     from hslite.recipe.build import plan_from_config
 

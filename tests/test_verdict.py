@@ -376,7 +376,7 @@ def test_channel_group_plans_are_priced_against_plain_dp_at_the_same_global_batc
     assert row["benefit_ratio"] == pytest.approx((theirs.comm_seconds - ours.comm_seconds) / ours.compute_seconds)
     assert row["step_gain"] == pytest.approx(1 - ours.step_seconds / theirs.step_seconds)
     assert row["clears_chag_rule"] == (row["step_gain"] > 0.05)
-    assert any("the seed's 5% rule" in reason for reason in verdict.reasons)
+    assert any("the design's 5% rule" in reason for reason in verdict.reasons)
     assert all(r["benefit_ratio"] is None for r in verdict.rows if "chag" not in r["plan"])
 
 
@@ -414,7 +414,7 @@ def test_p_star_on_this_box_takes_the_loop_its_plans_are_priced_with():
     assert not verdict.go and here["link"] == "this box (2 ranks, measured), as requested"
     assert not here["pays_for_this_model"] and here["added_loop_seconds"] == pytest.approx(24e-3)
     assert report["loop_seconds"] == 1e-3
-    # The seeds' formula with the loop in its terms: c0 + L1 fixed compute, alpha + (L_N − L1) fixed communication.
+    # The P* formula with the loop in its terms: c0 + L1 fixed compute, alpha + (L_N − L1) fixed communication.
     probe = synthetic_probe(requested)
     alpha, beta = ring_allreduce_terms(link, 2, probe.grad_bytes / probe.param_count)
     expected = critical_params(probe.compute_c0_seconds + 1e-3, report["c1_seconds_per_param_sample"], 64,

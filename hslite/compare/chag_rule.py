@@ -1,7 +1,7 @@
-"""The seed's rule for channel groups, judged on measurement: > 5 % faster steps than plain DP, accuracy unchanged.
+"""The rule for channel groups, judged on measurement: > 5 % faster steps than plain DP, accuracy unchanged.
 
-Seed 001 §8.1 (DESIGN §3): adopt channel groups only when the step is more than 5 % faster than plain DP on the same
-devices at the same global batch, at unchanged accuracy.
+docs/design.md, channel-group benefit: adopt channel groups only when the step is more than 5 % faster than plain
+DP on the same devices at the same global batch, at unchanged accuracy.
 Each measured channel-group row is set against the measured plain-DP row of the same work (`chag_benefit.
 dp_counterparts`: the chag ranks' shared micro-batch split among them, or their accumulated micro-batches split).
 Speed is judged on any measured comparison; accuracy needs whole trainings (`accuracy=true`: every row trains its

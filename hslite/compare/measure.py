@@ -16,7 +16,7 @@ the pre-flight on but not enforced, so a NO-GO plan is measured too: compare is 
 the pre-flight that fit ran before training and its measurement is what fit measured (metrics.json, preflight.json),
 so what is compared is exactly what `hslite fit` runs. `auto=RECIPE` adds RECIPE under parallel.plan=auto.
 
-Measured efficiency is DESIGN §3's E: a row's measured ECD over the best measured one-device row of the same work
+Measured efficiency is docs/design.md's E: a row's measured ECD over the best measured one-device row of the same work
 (rows that differ only in name and layout at one global batch). Each multi-device row's pre-flight priced its E
 against a best single-device plan; when no row is that plan, a "<label> (reference)" row fits it (unless
 reference=false), so every measured E has the reference its verdict had, and `verdict_holds` says whether the verdict

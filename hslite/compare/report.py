@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 BYTES_NOTE = (
     "comm_bytes_per_step: bytes one rank sends per optimiser step; 'counted' from the tensors hslite hands to "
     "collectives (int8 hook, channel-group token exchange, band groups' own gradients), 'computed' with the ring "
-    "formula of DESIGN §3 (plain DDP's gradient all-reduce, the bf16/fp16 hooks, FSDP's gathers and reduce-scatter)"
+    "formula (docs/design.md; plain DDP's gradient all-reduce, the bf16/fp16 hooks, FSDP's gathers and reduce-scatter)"
 )
 
 

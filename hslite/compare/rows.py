@@ -85,7 +85,7 @@ class CompareRow:
     test_oa: float | None = None  # accuracy=true: the whole training's test overall accuracy
     plain_dp: str | None = None  # a channel-group row: the measured plain-DP row of its work (chag_rule.py)
     step_gain: float | None = None  # 1 − its measured step / plain_dp's
-    chag_rule: str | None = None  # the seed's adopt-or-reject, in words
+    chag_rule: str | None = None  # the design's adopt-or-reject, in words
     run_dir: str | None = None  # the measured run, inside the compare folder
     failure: str | None = None
 

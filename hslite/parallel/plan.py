@@ -34,7 +34,7 @@ class Plan:
     rotation_groups: int = 0  # band groups active per step under channel-subset rotation; 0 means off
     fsdp: bool = False  # shard parameters, gradients and optimiser state across the data-parallel ranks
     # with fsdp on several nodes: shard inside each node and keep one replica per node (HSDP), so FSDP's per-layer
-    # gathers stay on the link inside a node and only one all-reduce of each shard crosses nodes (DESIGN §3 mapping)
+    # gathers stay on the link inside a node and only one all-reduce of each shard crosses (docs/design.md, mapping)
     hybrid_shard: bool = False
     tf32: bool = True  # CUDA only: fp32 matmuls and convolutions on TF32 tensor cores; False means full fp32
     cudnn_benchmark: bool = True  # CUDA only: cuDNN times its kernels for each new input shape; False means heuristics

@@ -12,7 +12,7 @@ Bytes. Counted where hslite's code hands tensors to collectives (the int8 hook, 
 band groups' own gradients summed over their owners); computed with the ring formula where it does not (the
 bf16/fp16 hooks count that way; plain DDP all-reduces the fp32 gradients it manages once per optimiser step;
 FSDP all-gathers the parameters twice and reduce-scatters the fp32 gradients every micro-batch, each moving
-(N−1)/N of them per rank, DESIGN §3). Both per rank, the most loaded rank's.
+(N−1)/N of them per rank, docs/design.md). Both per rank, the most loaded rank's.
 """
 
 from __future__ import annotations

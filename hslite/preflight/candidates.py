@@ -1,4 +1,4 @@
-"""The plans worth pricing against a requested one: the same global batch on other layouts (DESIGN §3)."""
+"""The plans worth pricing against a requested one: the same global batch on other layouts (docs/design.md)."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def candidate_plans(
     per node; int8/bf16 compression; batch/accumulation trades; FSDP when `include_fsdp`; channel groups inside a
     node when `chag_supported`, in rank counts that divide the model's `band_groups` (when given). Per-layer
     communication (FSDP) crosses nodes only when `per_layer_across_nodes` (the topology's bandwidth ratio below its
-    `max_cross_node_ratio`, DESIGN §3 mapping); hybrid FSDP (sharded inside each node) across nodes always.
+    `max_cross_node_ratio`, docs/design.md, mapping); hybrid FSDP (sharded inside each node) across nodes always.
     `down_to_one` trades micro-batch for accumulation down to 1 sample (when the requested plan does not fit).
     """
     requested.validate()

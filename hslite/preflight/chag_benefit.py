@@ -1,7 +1,7 @@
-"""Channel groups against their alternative, plain DP on the same devices at the same global batch (seed 001 §4.1).
+"""Channel groups against their alternative, plain DP on the same devices at the same global batch.
 
-R_agg = (T_comm of DP − T_comm of the groups) / T_comp of the groups, and the step-time gain the seed asks of
-grouping before adopting it (§8.1). Torch-free.
+R_agg = (T_comm of DP − T_comm of the groups) / T_comp of the groups, and the step-time gain asked of grouping before
+adopting it (docs/design.md, channel-group benefit). Torch-free.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from typing import Any
 from hslite.parallel.plan import Plan
 from hslite.preflight.costmodel import Prediction
 
-# Seed 001 §8.1: adopt channel groups only when they cut the step time by more than this, at unchanged accuracy.
+# Channel groups are adopted only when they cut the step time by more than this, at unchanged accuracy
+# (docs/design.md, channel-group benefit).
 CHAG_ADOPT_GAIN = 0.05
 
 
@@ -29,9 +30,9 @@ def dp_counterparts(plan: Plan) -> list[Plan]:
 
 
 def against_plain_dp(plan: Plan, predictions: dict[Plan, Prediction]) -> dict[str, Any]:
-    """A channel-group plan against plain DP on its devices at its global batch (seed 001 §4.1 and §8.1).
+    """A channel-group plan against plain DP on its devices at its global batch (docs/design.md, channel-group benefit).
 
-    R_agg = (T_comm of DP − T_comm of the groups) / T_comp of the groups: > 0 is a net communication gain. The seed
+    R_agg = (T_comm of DP − T_comm of the groups) / T_comp of the groups: > 0 is a net communication gain. hslite
     adopts grouping only when the step is more than CHAG_ADOPT_GAIN faster at unchanged accuracy (`hslite compare
     measure=true accuracy=true` checks the accuracy). None for plans without channel groups or without that DP
     counterpart.

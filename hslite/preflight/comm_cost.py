@@ -1,7 +1,7 @@
 """Communication of one optimiser step of a Plan: what is exposed, what channel groups exchange, and its regime.
 
 DDP's gradient all-reduce (overlapping backward but for its last bucket, and not at all under a synchronous hook),
-FSDP's gathers and reduce-scatters per unit, and the channel groups' token all-to-all (DESIGN §3), from the ring
+FSDP's gathers and reduce-scatters per unit, and the channel groups' token all-to-all (docs/design.md), from the ring
 formulas of `formulas.py`. Shared by `costmodel.predict` and the what-if pricing of absent devices. Torch-free.
 """
 
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 DDP_BUCKET_CAP_BYTES = 25 * 2**20
 # Compressions whose DDP hook runs its collectives inside the hook and returns a completed future (compression.py's
 # int8 hook: a second collective waited on in a `.then` callback deadlocks over gloo). Backward resumes only once a
-# bucket's exchange is done, so none of it hides under backward (DESIGN §3, DDP overlap).
+# bucket's exchange is done, so none of it hides under backward (docs/design.md, DDP overlap).
 SYNCHRONOUS_HOOKS = frozenset({"int8"})
 
 
@@ -49,7 +49,7 @@ def comm_seconds(
     node, for channel groups' token exchange and a hybrid shard group's gathers (None: `link`).
     """
     exposed_seconds = 0.0
-    if plan.dp > 1 and plan.fsdp:  # all-gather params in forward and backward, reduce-scatter grads (§3)
+    if plan.dp > 1 and plan.fsdp:  # all-gather params in forward and backward, reduce-scatter grads (docs/design.md)
         # Every micro-step: FSDP2 frees the gathered units after use and reduce-scatters each backward's gradients
         # (Lightning does not skip the gradient sync of FSDP2 between accumulated micro-batches). Hybrid sharding
         # does that inside a node, then all-reduces each unit's gradient shard across the nodes' replicas.

@@ -1,4 +1,4 @@
-"""Predicted step time and memory of a Plan, from one device's probe and a link model (DESIGN §3).
+"""Predicted step time and memory of a Plan, from one device's probe and a link model (docs/design.md).
 
 `predict` composes the analytic formulas of `formulas.py` with the probe's measured times and sizes, part by part:
 compute (`_compute_seconds`, slowed by `_cpu_sharing`), communication (`comm_seconds`, `_quantise_seconds`), the
@@ -58,7 +58,7 @@ class Prediction:
 
 
 def memory_breakdown_bytes(plan: Plan, probe: Footprint) -> dict[str, int]:
-    """Per-rank peak terms (DESIGN §3 memory): params, grads, optimiser (÷ dp under FSDP), activations, workspace."""
+    """Per-rank peak terms (docs/design.md, memory): params, grads, optimiser (÷ dp, FSDP), activations, workspace."""
     shards = plan.shard_ranks if plan.fsdp else 1
     activation_factor = _tokenizer_factor(plan, probe, probe.tokenizer_activation_fraction, plan.chag, worst=True)
     counted = probe.param_bytes + probe.grad_bytes + probe.optimizer_bytes + probe.activation_bytes
@@ -76,7 +76,7 @@ def memory_breakdown_bytes(plan: Plan, probe: Footprint) -> dict[str, int]:
 
 
 def _tokenizer_factor(plan: Plan, probe: Footprint, fraction: float | None, chag: int, worst: bool = False) -> float:
-    # Channel groups split the tokenizer's work by chag and rotation keeps k of G groups (DESIGN §3), by bands: the
+    # Channel groups split the tokenizer's work by chag and rotation keeps k of G groups (docs/design.md), by bands: the
     # tokenizer's work is per band, and groups aligned to spectral regions differ in size. The rest of the model
     # runs on the rank's slice of the samples, the largest ⌈b/chag⌉ (channel_groups.py).
     if fraction is None:
@@ -158,7 +158,7 @@ def predict(
     loop_seconds: float = 0.0,
     alone_loop_seconds: float | None = None,
 ) -> Prediction:
-    """Price one plan: step time, throughput, ECD, speed-up, r and per-device memory (DESIGN §3).
+    """Price one plan: step time, throughput, ECD, speed-up, r and per-device memory (docs/design.md).
 
     `link` carries the data-parallel (and FSDP) collectives, `node_link` those the mapping keeps inside a node:
     channel groups' exchange and a hybrid FSDP shard group's gathers (default: `link`).
@@ -243,7 +243,7 @@ def _cpu_sharing(plan: Plan, probe: ProbeResult, cpu_cores: int | None, notes: l
 
 
 def _quantise_seconds(plan: Plan, probe: ProbeResult, notes: list[str]) -> float:
-    # int8's quantise and dequantise run on the critical path, once per optimiser step (DESIGN §3, compressed).
+    # int8's quantise and dequantise run on the critical path, once per optimiser step (docs/design.md, compressed).
     if plan.world_size == 1 or plan.compression != "int8":
         return 0.0
     per_byte = probe.compress_seconds_per_byte

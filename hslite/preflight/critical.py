@@ -3,14 +3,14 @@
 For the requested per-device batch and this model's compute (c0 + c1·b from the probe, measured here or priced from
 a device profile, slowed by s where this box's CPU ranks share cores), P* is where the ring all-reduce's
 r = T_comm / T_c crosses r* = 1/(s·E_min) − 1, the ratio at which E = 1/(s·(1 + r)) meets
-`preflight.min_efficiency` (DESIGN §3: T_c ≈ c0 + c1·P·b, the seeds' assumption that compute grows with the
+`preflight.min_efficiency` (docs/design.md: T_c ≈ c0 + c1·P·b, the design's assumption that compute grows with the
 parameters). One row per link: this box's (measured) or the requested topology's, and each bundled topology's at
 the same rank count with a device per rank (s = 1), so a team sees which links its model size needs.
 
 The training loop's own cost (`hslite.parallel.loop_cost`) enters as the plans are priced: one rank's, L1, is part
 of the fixed compute (c0 + L1), and what the plan's N ranks add to it beyond s·L1 part of the latency term (alpha +
 L_N − s·L1), so P* prices the step the plan table prices. E here is against one device at the same micro-batch
-(the seeds' r ≤ r*); the plan table's E is against the best one-device plan (a bigger batch, AMP), so a small model
+(r ≤ r*, docs/design.md); the plan table's E is against the best one-device plan (a bigger batch, AMP), so a small model
 can "pay" here at E 0.7 beside a plan priced at E 0.43 there. DDP's overlap does not enter P*.
 """
 

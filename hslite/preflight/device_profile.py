@@ -1,6 +1,6 @@
 """GPU profiles for devices that are not here: memory, peak FLOP/s, memory and host bandwidth, a source per figure.
 
-What-if pricing (DESIGN §3) reads them through the roofline of `roofline.py`. Profiles are YAML files in `devices/`,
+What-if pricing (docs/design.md) reads them through `roofline.py`. Profiles are YAML files in `devices/`,
 read with `yaml.safe_load`. `memory_gib` is what torch sees (a little under the datasheet's capacity); rates are dense
 (no 2:4 sparsity); `fp32_tflops` is plain FP32 on the vector units, not TF32, the rate "32-true" is priced at (cuDNN
 may run fp32 convolutions as TF32, so a conv-heavy "32-true" plan can run faster than priced); `bf16_tflops` is the

@@ -1,7 +1,7 @@
-"""The analytic formulas of DESIGN §3: ring collectives, bytes on the wire, the DDP step, c0 + c1·b and P*.
+"""The analytic formulas of docs/design.md: ring collectives, bytes on the wire, the DDP step, c0 + c1·b and P*.
 
 Small functions with units in their names, each citing its source; torch-free. `ring_factor_exact=False` switches to
-the seeds' simplification (2(N−1)/N → 2, one latency per collective, i.e. T_comm ≈ alpha + 2·S/BW as in DESIGN §3's
+the simplified bound (2(N−1)/N → 2, one latency per collective, i.e. T_comm ≈ alpha + 2·S/BW as in docs/design.md's
 P* line), which is what the reference cases assume.
 """
 
@@ -28,13 +28,13 @@ def _ring_seconds(phases: int, total_bytes: float, world_size: int, link: LinkMo
     if world_size <= 1 or total_bytes <= 0:
         return 0.0
     n, bw = world_size, link.bandwidth_bytes_per_second
-    if not exact:  # seeds' bound: latency once, (N−1)/N → 1
+    if not exact:  # the simplified bound: latency once, (N−1)/N → 1
         return link.alpha_seconds + phases * total_bytes / bw
     return phases * (n - 1) * link.alpha_seconds + phases * (n - 1) / n * total_bytes / bw
 
 
 def allreduce_seconds(grad_bytes: float, world_size: int, link: LinkModel, *, ring_factor_exact: bool = True) -> float:
-    """Ring all-reduce: 2(N−1)·alpha + 2(N−1)/N·S/BW (DESIGN §3)."""
+    """Ring all-reduce: 2(N−1)·alpha + 2(N−1)/N·S/BW (docs/design.md)."""
     return _ring_seconds(2, grad_bytes, world_size, link, ring_factor_exact)
 
 
@@ -59,7 +59,7 @@ def reduce_scatter_seconds(
 
 
 def wire_bytes(grad_bytes: float, compression: str) -> float:
-    """Bytes all-reduced per step: S, S/2 for bf16/fp16, S/4 plus one fp32 scale per chunk for int8 (DESIGN §3)."""
+    """Bytes all-reduced per step: S, S/2 for bf16/fp16, S/4 plus one fp32 scale per chunk for int8 (docs/design.md)."""
     if compression not in WIRE_BYTES_PER_GRAD_BYTE:
         raise ConfigError(f"compression must be one of {', '.join(WIRE_BYTES_PER_GRAD_BYTE)}, got {compression!r}.")
     scales_bytes = 4 * math.ceil(grad_bytes / 4 / DEFAULT_CHUNK_ELEMS) if compression == "int8" else 0
@@ -74,13 +74,13 @@ def ddp_step_seconds(
     overlap: float = 0.0,
     accumulate: int = 1,
 ) -> float:
-    """Per optimiser step: G·(T_f + T_b) + T_opt + max(0, T_ar − o·T_b); one all-reduce per G micro-steps (§3)."""
+    """Per optimiser step: G·(T_f + T_b) + T_opt + max(0, T_ar − o·T_b); one all-reduce per G micro-steps."""
     exposed_seconds = max(0.0, allreduce_seconds - overlap * backward_seconds)
     return accumulate * (forward_seconds + backward_seconds) + optimizer_seconds + exposed_seconds
 
 
 def fit_compute_model(batch_sizes: list[int], seconds: list[float]) -> tuple[float, float]:
-    """Least-squares c0, c1 of T_c(b) ≈ c0 + c1·b (DESIGN §3) from ≥ 2 batch sizes; both clipped at ≥ 0."""
+    """Least-squares c0, c1 of T_c(b) ≈ c0 + c1·b (docs/design.md) from ≥ 2 batch sizes; both clipped at ≥ 0."""
     if len(set(batch_sizes)) < 2:
         raise ConfigError(f"the compute model needs ≥ 2 distinct batch sizes, got {sorted(set(batch_sizes))}.")
     b, t = np.asarray(batch_sizes, dtype=float), np.asarray(seconds, dtype=float)
@@ -94,7 +94,7 @@ def fit_compute_model(batch_sizes: list[int], seconds: list[float]) -> tuple[flo
 
 @dataclass(frozen=True)
 class CriticalParams:
-    """Where data parallelism pays on a link by model size: P*, and on which side of it (DESIGN §3's sign rule)."""
+    """Where data parallelism pays on a link by model size: P*, and on which side of it (docs/design.md's sign rule)."""
 
     params: float | None  # P*; None where DP pays at every size ("always") or at none ("never")
     pays: str  # "above": for P ≥ P*; "below": for P ≤ P*; "always"; "never"
@@ -115,10 +115,10 @@ def critical_params(
     *,
     r_target: float = 1.0,
 ) -> CriticalParams:
-    """P* = (alpha − r*·c0) / (r*·c1·b − beta): the model size where DP's r crosses r* (DESIGN §3).
+    """P* = (alpha − r*·c0) / (r*·c1·b − beta): the model size where DP's r crosses r* (docs/design.md).
 
     From T_c ≈ c0 + c1·P·b and T_comm ≈ alpha + beta·P (alpha = `fixed_comm_seconds`, beta =
-    `comm_seconds_per_param`; the seeds' simplification has alpha the link latency and beta = 2·b_g/BW,
+    `comm_seconds_per_param`; the simplified bound has alpha the link latency and beta = 2·b_g/BW,
     `ring_allreduce_terms` a ring's): DP pays where alpha + beta·P ≤ r*·(c0 + c1·P·b). c1 here is per parameter and
     sample: a probe's `compute_c1_seconds_per_sample / param_count`. The denominator's sign says which side pays:
     > 0, models of P* parameters and up (every size when P* ≤ 0); < 0, models up to P* (when r*·c0 > alpha: the

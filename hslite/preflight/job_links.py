@@ -1,6 +1,6 @@
-"""The links of a launched job measured on its own ranks, and the mesh its plan builds on them (issue 23).
+"""The links of a launched job measured on its own ranks, and the mesh its plan builds on them.
 
-A plan across nodes is priced on two links (DESIGN §3, mapping): the one inside a node, where channel groups stay,
+A plan across nodes is priced on two links (docs/design.md, mapping): the one inside a node, where channel groups stay,
 and the one data parallelism crosses. When a launcher has started the job both are here, so the pre-flight
 measures them rather than assume a profile, hierarchically: first every node's ranks at once, each node over a
 group of its own (the link channel groups use), then every rank together (the gradient all-reduce's own ring, whose

@@ -1,6 +1,6 @@
 """Interconnect models: all-reduce latency alpha and bandwidth BW, measured on this machine or read from a profile.
 
-`measure_links` spawns the ranks, times all_reduce at several sizes and fits DESIGN §3's ring formula; it also
+`measure_links` spawns the ranks, times all_reduce at several sizes and fits docs/design.md's ring formula; it also
 measures how much of DDP's all-reduce hides under backward (overlap o). `load_topology` reads a YAML profile for
 devices and nodes that are not visible here (`topology.py`: a multi-node plan is priced from one before its launch).
 """
@@ -37,7 +37,7 @@ OVERLAP_BUCKET_CAP_BYTES = 2 << 20  # several buckets for the synthetic model (8
 
 
 def fit_link(points: list[tuple[int, float]], world_size: int) -> tuple[float, float]:
-    """Alpha and BW from (bytes, seconds) by least squares on T = 2(N−1)·alpha + 2(N−1)/N·S/BW (DESIGN §3, ring)."""
+    """Alpha and BW from (bytes, seconds) by least squares on T = 2(N−1)·alpha + 2(N−1)/N·S/BW (docs/design.md)."""
     if world_size < 2 or len(points) < 2:
         raise ConfigError(f"fitting a link needs ≥ 2 ranks and ≥ 2 sizes, got {world_size} ranks, {len(points)} sizes.")
     sizes = np.array([s for s, _ in points], dtype=float)
@@ -69,8 +69,8 @@ def measure_links(
     Method: each size is all-reduced `repeats` times after a warm-up, behind a barrier; a size's time is the slowest
     rank's median. Overlap: a synthetic 8-layer MLP's backward is timed alone (T_b), with DDP's bucketed
     asynchronous all-reduce (emulated with gradient hooks, 2 MiB buckets) and waiting for it (T_ddp), and its
-    gradients' all-reduce alone (T_ar); o = (T_b + T_ar − T_ddp) / T_b clipped to [0, 1], the inverse of DESIGN §3's
-    T_N = T_b + max(0, T_ar − o·T_b). `fresh=True` ignores the cache.
+    gradients' all-reduce alone (T_ar); o = (T_b + T_ar − T_ddp) / T_b clipped to [0, 1], the inverse of
+    docs/design.md's T_N = T_b + max(0, T_ar − o·T_b). `fresh=True` ignores the cache.
 
     Ranks start with torch.multiprocessing's "spawn" and meet through a FileStore (no port). Spawned ranks re-import
     the caller's main script, so a script calling this needs the `if __name__ == "__main__":` guard and should keep

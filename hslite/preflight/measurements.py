@@ -89,7 +89,7 @@ class LinkModel:
 
     alpha_seconds: float
     bandwidth_bytes_per_second: float
-    overlap: float = 0.0  # share of backward under which all-reduce can hide; 0 is the seeds' no-overlap bound
+    overlap: float = 0.0  # share of backward under which all-reduce can hide; 0 is the no-overlap bound
     source: str = ""  # where the figures come from (measurement, or topology profile)
     points: list[tuple[int, float]] = field(default_factory=list)  # (bytes, seconds) measured, if any
 

@@ -1,4 +1,4 @@
-"""Which resource bounds a plan's step, and the lever the seeds name for it (seed 001 §4.2, DESIGN §3 "Regime").
+"""Which resource bounds a plan's step, and the lever that pays in it (docs/design.md, regime).
 
     compute-bound        exposed communication ≪ compute:      optimise the compute (AMP, fused kernels, compile)
     latency-bound        communication comparable, most of it  synchronise less often (accumulation: fewer,

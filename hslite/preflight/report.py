@@ -39,7 +39,7 @@ def _critical_params_table(report: dict[str, Any], min_efficiency: float) -> Tab
     """P* per link as rows, with the side of it where DP pays and whether it pays for this model."""
     table = Table(
         title=f"P* per link: the model size where DP over {report['world_size']} ranks at b{report['batch_size']} "
-        f"reaches E ≥ {min_efficiency:g} against one device at b{report['batch_size']} (the seeds' r ≤ r*; the plan "
+        f"reaches E ≥ {min_efficiency:g} against one device at b{report['batch_size']} (r ≤ r*; the plan "
         f"table's E is against the best one-device plan), with this model's compute and the training loop's cost; "
         f"this model: {report['model_params'] / 1e6:.3g} M parameters"
     )

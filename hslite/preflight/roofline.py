@@ -1,4 +1,4 @@
-"""A probe of a device that is not here, priced from its profile: the roofline of DESIGN §3 (what-if pricing).
+"""A probe of a device that is not here, priced from its profile: the roofline of docs/design.md (what-if pricing).
 
 Each phase of a training step (forward, backward, optimiser) takes
     T ≈ max(FLOPs / (peak · e), bytes / (memory BW · e), kernels · launch)

@@ -1,4 +1,4 @@
-"""The pre-flight in one call: probe, measure or read the links, price every candidate plan, decide (DESIGN §3).
+"""The pre-flight in one call: probe, measure or read the links, price every candidate plan, decide (docs/design.md).
 
     probe_for = probe_for_plans(model_factory, make_batch, cache_key="cnn3d-indian_pines")
     verdict = run_preflight(plan, probe_for, measure_links_for, host_memory_bytes)  # or topology=load_topology(..)
@@ -165,7 +165,7 @@ def price_absent_devices(
 
     `footprint_for(plan)` is called once per precision (`footprint.measure_footprint` counts the sizes on this CPU).
     The verdict is NO-GO when the requested plan cannot fit in the profile's device memory and UNDECIDED
-    otherwise: compute of absent devices is not measured, so nothing is ranked by speed (DESIGN §3, what-if).
+    otherwise: compute of absent devices is not measured, so nothing is ranked by speed (docs/design.md, what-if).
     """
     requested.validate()
     footprints: dict[str, Footprint] = {}

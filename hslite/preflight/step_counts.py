@@ -1,4 +1,4 @@
-"""FLOPs and kernel launches of one training step of the model itself, counted on fake tensors (DESIGN §3, what-if).
+"""FLOPs and kernel launches of one training step of the model itself, counted on fake tensors (docs/design.md).
 
 FLOPs come from `torch.utils.flop_counter.FlopCounterMode`: matmuls and convolutions, forward and backward;
 elementwise ops count 0 there, and the memory roof prices them instead (`roofline.py`). They are counted at two small

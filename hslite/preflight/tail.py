@@ -3,8 +3,8 @@
 The probe times many steps of one rank (`TAIL_STEPS`, within `TAIL_SECONDS`), a sample of its step-time
 distribution. Of N ranks drawing from it independently, the slowest is at or below the q-quantile with probability
 q^N, so the median step of N ranks is the distribution's 0.5^(1/N) quantile: p50 alone, p71 for 2 ranks, p84 for
-4, p92 for 8, p96 for 16. That is the percentile a plan of N ranks is priced at (seed 002 §2.3, DESIGN §3 "the
-straggler"), against the median that prices one device, and it is what `hslite compare` measures: a fit's median
+4, p92 for 8, p96 for 16. That is the percentile a plan of N ranks is priced at (docs/design.md,
+straggler tail), against the median that prices one device, and it is what `hslite compare` measures: a fit's median
 optimiser step. Accumulated micro-steps are waited for once per G: the sum of G independent micro-steps spreads
 √G times less relative to its size, so the tail's excess over the median shrinks by √G.
 

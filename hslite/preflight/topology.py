@@ -2,8 +2,8 @@
 
 Multi-node and absent-GPU plans are priced from these (a multi-node plan is launched with torchrun or srun on every
 node, `parallel/launched.py`). Profiles are YAML files, read with `yaml.safe_load`: bundled ones in `topologies/` by
-name, or a team's own by path (`hslite topology measure` writes one from this box's measured links; the seeds'
-"calibrate with your own links").
+name, or a team's own by path (`hslite topology measure` writes one from this box's measured links: docs/design.md,
+mapping across a topology).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from hslite.preflight.measurements import LinkModel
 
 # R = B_intra / B_inter below which a flat layout is kept: per-layer collectives (channel groups, FSDP) may span
 # nodes, since splitting them into intra- and inter-node phases gains little. From here up they stay inside a node
-# and only data parallelism crosses (DESIGN §3: "start at 4, calibrate"): a profile's `max_cross_node_ratio`.
+# and only data parallelism crosses (docs/design.md, mapping across a topology): a profile's `max_cross_node_ratio`.
 PER_LAYER_CROSS_NODE_MAX_RATIO = 4.0
 
 
@@ -39,7 +39,7 @@ class Topology:
     device_memory_gib: float
     source: dict[str, str]  # one citation per figure
     overlap: float = 0.0  # DDP overlap assumed for these links; 0 is the no-overlap bound
-    # R from which per-layer communication stays inside a node: the seeds' 4, or this cluster's calibrated figure
+    # R from which per-layer communication stays inside a node: 4, or this cluster's calibrated figure
     max_cross_node_ratio: float = PER_LAYER_CROSS_NODE_MAX_RATIO
     measured: bool = False  # measured on a launched job's own ranks (`job_links`), not read from a profile
     # with `measured`: the training loop's cost per micro-step timed with the job's own ranks (`loop_cost`)
@@ -57,7 +57,7 @@ class Topology:
 
     @property
     def bandwidth_ratio(self) -> float:
-        """R = B_intra / B_inter (DESIGN §3); infinite for a single node, 1 when nodes hold one GPU (flat network)."""
+        """R = B_intra / B_inter (docs/design.md, mapping); infinite on one node, 1 with one GPU a node (flat)."""
         if self.inter_gbps is None:
             return math.inf
         return 1.0 if self.intra_gbps is None else self.intra_gbps / self.inter_gbps
@@ -120,7 +120,7 @@ class Topology:
         return self._link(self.inter_gbps, self.inter_latency_us, "inter")
 
     def mapping_refusal(self, plan: Plan) -> str | None:
-        """Why `plan` breaks the mapping rule (DESIGN §3), or None: per-layer communication across a slow link.
+        """Why `plan` breaks the mapping rule (docs/design.md), or None: per-layer communication across a slow link.
 
         Channel groups are consecutive ranks, so they stay inside a node when `chag` divides the devices per node;
         FSDP shards over every rank unless hybrid (inside each node). Either crosses nodes only while R is below

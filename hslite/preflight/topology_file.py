@@ -1,10 +1,10 @@
 """`hslite topology measure`: this box's links measured and written as a topology profile a team can price from.
 
-The seeds price with a bandwidth ratio and links "calibrated with this cluster's measured links". The file is what
-`preflight.topology=PATH` reads: the ring all-reduce of `devices` ranks as this box runs it (gloo processes, or NCCL
-on GPUs), fitted to latency + bytes / bandwidth over message sizes (`links.measure_links`), with the memory one
-rank has, each figure's source naming the measurement. One node: the inter-node figures (and `nodes`) are written
-empty for a team to fill from its own measurement of the network, with their source.
+docs/design.md prices a topology with a bandwidth ratio and links calibrated with this cluster's measured ones. The file
+is what `preflight.topology=PATH` reads: the ring all-reduce of `devices` ranks as this box runs it (gloo processes, or
+NCCL on GPUs), fitted to latency + bytes / bandwidth over message sizes (`links.measure_links`), with the memory one
+rank has, each figure's source naming the measurement. One node: the inter-node figures (and `nodes`) are written empty
+for a team to fill from its own measurement of the network, with their source.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def measure_topology(devices: int, accelerator: str, *, fresh: bool = False) -> 
             "intra_gbps": fitted,
             "intra_latency_us": fitted,
             "device_memory_gib": f"{where}: {memory}",
-            "max_cross_node_ratio": "the seeds' starting threshold (DESIGN §3); replace it with this cluster's",
+            "max_cross_node_ratio": "the default threshold (docs/design.md); replace it with this cluster's",
         },
     }
 

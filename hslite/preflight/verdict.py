@@ -1,6 +1,6 @@
 """GO / NO-GO: compare every priced plan with the best single device and explain the decision in words.
 
-E = ECD(N)/ECD(1) where ECD(1) is the best single-device plan at the same global batch (DESIGN §3). A verdict on
+E = ECD(N)/ECD(1) where ECD(1) is the best single-device plan at the same global batch (docs/design.md). A verdict on
 devices that are not here (`whatif.py`) has no E: it is UNDECIDED unless memory alone rules the plan out, or unless
 a device profile prices their compute (`roofline.py`), labelled as such.
 """
@@ -18,7 +18,7 @@ from hslite.preflight.chag_benefit import CHAG_ADOPT_GAIN, against_plain_dp
 from hslite.preflight.costmodel import Prediction
 from hslite.preflight.regime import LEVERS
 
-NO_GO_EXIT_CODE = 3  # DESIGN §3
+NO_GO_EXIT_CODE = 3  # docs/design.md
 UNDECIDED_EXIT_CODE = 4  # the plan's devices are not here: compute not measured, so neither GO nor NO-GO
 IMPLAUSIBLE_CPU_EFFICIENCY = 1.2  # processes sharing cores cannot beat one process on all of them by much
 CLEARLY_FASTER = 1.1  # a GO verdict names a faster passing plan only from this throughput ratio up
@@ -84,7 +84,7 @@ class Verdict:
 
     @property
     def exit_code(self) -> int:
-        """0 for GO, 3 for NO-GO (DESIGN §3), 4 when it cannot be decided on this box."""
+        """0 for GO, 3 for NO-GO (docs/design.md), 4 when it cannot be decided on this box."""
         return {"GO": 0, "NO-GO": NO_GO_EXIT_CODE, "UNDECIDED": UNDECIDED_EXIT_CODE}[self.decision]
 
     def to_dict(self) -> dict[str, Any]:
@@ -200,7 +200,7 @@ def decide(requested: Plan, predictions: dict[Plan, Prediction], min_efficiency:
         faster = f"{gain:.0%} faster" if gain >= 0 else f"{-gain:.0%} slower"
         reasons.append(
             f"channel groups against plain DP at the same global batch ({chag['plain_dp']}): R_agg = "
-            f"{chag['benefit_ratio']:.2f}, the step {faster}: {verdict_word} the seed's {CHAG_ADOPT_GAIN:.0%} rule "
+            f"{chag['benefit_ratio']:.2f}, the step {faster}: {verdict_word} the design's {CHAG_ADOPT_GAIN:.0%} rule "
             "(accuracy: `hslite compare measure=true` trains both)"
         )
     if best_single.world_size > 1:
@@ -229,7 +229,7 @@ def _reference(predictions: dict[Plan, Prediction], singles: dict[Plan, Predicti
     """What E is measured against: the fastest single device that fits, else the fastest of the fewest that fit.
 
     When one device cannot hold the model (parameters, gradients and optimiser state beyond its memory), ECD(1)
-    is that of a device that does not exist, and every plan that can train would fail against it; the seeds' ECD(N)
+    is that of a device that does not exist, and every plan that can train would fail against it; ECD(N)
     comparison is then made from the smallest layout that trains. With nothing fitting at all, the unconstrained
     single device remains (and nothing passes).
     """

@@ -1,4 +1,4 @@
-"""What-if pricing of devices that are not here: links and memory only, never this machine's compute (DESIGN §3).
+"""What-if pricing of devices that are not here: links and memory only, never this machine's compute (docs/design.md).
 
 A GPU plan priced on a CPU box cannot be timed: ranking it or deciding GO/NO-GO from CPU step times would be a
 guess wearing a number. So only what the model's own sizes and the link profile determine is priced, and the
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 class FootprintPrediction:
     """What a plan costs that does not depend on compute: seconds on its links and memory per device.
 
-    For devices that are not here (DESIGN §3, what-if pricing): their compute is not measured, so there is no step
+    For devices that are not here (docs/design.md, what-if pricing): their compute is not measured, so there is no step
     time, throughput or efficiency, only what the model's own sizes and the link profile determine.
     """
 
@@ -51,7 +51,7 @@ def predict_footprint(
     *,
     node_link: LinkModel | None = None,
 ) -> FootprintPrediction:
-    """Price the compute-free parts of one plan: link seconds (no-overlap bound) and per-device memory (DESIGN §3)."""
+    """Price the compute-free parts of one plan: link seconds (no-overlap bound) and per-device memory."""
     plan.validate()
     notes: list[str] = []
     link_seconds = comm_seconds(plan, sizes, link, node_link, 0.0, True, notes)

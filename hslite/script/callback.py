@@ -37,7 +37,7 @@ from hslite.script.check import plan_of_trainer, preflight_module
 class PreflightGate(pl.Callback):
     """Price the Trainer's plan on the launched job before it trains, and refuse it when it does not pay.
 
-    `min_efficiency`: the E = ECD(N)/ECD(1) a multi-device plan must reach (DESIGN §3). `enforce=False` logs the
+    `min_efficiency`: the E = ECD(N)/ECD(1) a multi-device plan must reach (docs/design.md). `enforce=False` logs the
     verdict and trains anyway. `sample_batch`: a batch to probe with, where the Trainer's training loader should not
     be read early. After `setup`, `gate.verdict` holds the verdict on every rank.
     """
