@@ -138,7 +138,7 @@ def test_efficiency_can_be_set_from_the_config():
 
 
 def _check_priced_from_the_profile(report: dict, code: int) -> None:
-    # With the host work stubbed every figure is the profile's and the model's, so the decision is fixed. HybridSN at
+    # With the host work stubbed every figure is the profile's and the model's, so the decision is fixed. SSFTT at
     # b32 on an H100 is bound by its kernel launches and the host loop, which do not shrink with the batch: one GPU
     # at b128 pays them once for 4× the samples, and 8 GPUs at b32 reach a quarter of its throughput each: NO-GO.
     assert (report["decision"], code, report["exit_code"]) == ("NO-GO", 3, 3)
@@ -151,10 +151,10 @@ def _check_priced_from_the_profile(report: dict, code: int) -> None:
     assert report["compute_source"] == "profile:h100_sxm" and report["compute_measured"] is False
     assert report["efficiency"] is not None and report["best_single"] is not None
     used = report["compute_profile"]
-    assert used["model"] == "HybridSN" and used["efficiency"] == DEFAULT_EFFICIENCY
-    assert 1e8 < used["flops_per_sample"] < 1e11
+    assert used["model"] == "SSFTT" and used["efficiency"] == DEFAULT_EFFICIENCY
+    assert 1e7 < used["flops_per_sample"] < 1e9
     assert used["peak_flops"] == pytest.approx(989.4e12)  # the recipe's bf16-mixed is priced at the bf16 peak
-    assert report["reasons"][0].startswith("compute priced from the h100_sxm profile (roofline, e = 0.35; HybridSN ")
+    assert report["reasons"][0].startswith("compute priced from the h100_sxm profile (roofline, e = 0.35; SSFTT ")
     assert report["reasons"][0].endswith("GFLOP per sample forward+backward): not measured")
     assert any("device memory (79.1 GiB) from the h100_sxm profile" in reason for reason in report["reasons"])
     assert report["requested_prediction"]["memory_budget_bytes"] == load_device("h100_sxm").memory_bytes
