@@ -162,6 +162,16 @@ def test_disjoint_split_blocks_default_to_four_patches_and_the_audit_finds_no_ov
         make_split(np.ones((4, 4), dtype=np.int64), "disjoint", train_fraction=0.5, block_size=-1)
 
 
+def test_disjoint_blocks_too_large_for_the_scene_are_refused_with_a_size_that_fits():
+    scene = load_scene("synthetic_indian_pines", seed=0)  # 145 × 145: 4 × patch 25 = 100-pixel blocks, 4 of them
+    refused = r"blocks of 100 pixels \(the default, 4 × patch_size 25\) leaves 4 blocks"
+    with pytest.raises(DataError, match=refused) as e:
+        make_split(scene.gt, "disjoint", train_fraction=0.1, val_fraction=0.1, patch_size=25, seed=0)
+    assert "data.block_size, e.g. 20" in str(e.value)
+    split = make_split(scene.gt, "disjoint", train_fraction=0.1, val_fraction=0.1, patch_size=25, block_size=20)
+    assert len(split.val) and len(split.test)  # a patch of 25 drops many near training blocks, but leaves some
+
+
 def test_split_save_load_round_trip(tmp_path, tiny_scene):
     split = make_split(tiny_scene.gt, "stratified", train_fraction=0.2, val_fraction=0.2, patch_size=3, seed=7)
     split.save(tmp_path / "split.npz")

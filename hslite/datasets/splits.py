@@ -116,13 +116,14 @@ def make_split(
         if kind == "stratified":
             parts = _stratified_split(labels, train_fraction, val_fraction, seed)
         else:
-            block_size = block_size or DEFAULT_BLOCKS_PER_PATCH * patch_size
-            options["block_size"] = block_size
-            parts = _block_split(gt.shape, coords, labels, train_fraction, val_fraction, block_size, rng)
+            options["block_size"] = block_size or DEFAULT_BLOCKS_PER_PATCH * patch_size
+            parts = _block_split(gt.shape, coords, labels, train_fraction, val_fraction, options["block_size"], rng)
     _check_every_class_trains(labels, parts[0], kind)
     train, val, test = (coords[np.sort(p)] for p in parts)
     if kind == "disjoint":
         val, test = (_drop_near(subset, train, gt.shape, patch_size) for subset in (val, test))
+        chosen = "data.block_size" if block_size else f"the default, 4 × patch_size {patch_size}"
+        _check_blocks_leave_a_test(gt.shape, (train, val, test), labels.size, options, chosen)
     return Split(kind, int(seed), train, val, test, patch_size=patch_size, options=options)
 
 
@@ -228,6 +229,23 @@ def _block_split(shape, coords, labels, train_fraction, val_fraction, block_size
         assigned[subset] += histogram[block]
     subset_of_pixel = subset_of_block[inverse]
     return tuple(np.flatnonzero(subset_of_pixel == s) for s in range(3))
+
+
+def _check_blocks_leave_a_test(shape, parts, labelled: int, options: dict[str, Any], chosen: str) -> None:
+    """Refuse blocks so few that holding every class in training leaves most pixels there, or none to validate/test."""
+    train, val, test = (len(p) for p in parts)
+    train_fraction, val_fraction, block_size = options["train_fraction"], options["val_fraction"], options["block_size"]
+    most_train = train_fraction + (1 - train_fraction - val_fraction) / 2  # half of what should have been test
+    if train / labelled <= most_train and test and (val or not val_fraction):
+        return
+    blocks = -(-shape[0] // block_size) * -(-shape[1] // block_size)
+    suggestion = max(1, int(np.sqrt(shape[0] * shape[1] / 50)))  # some 50 blocks on the scene
+    raise DataError(
+        f"split=disjoint with blocks of {block_size} pixels ({chosen}) leaves {blocks} blocks on a "
+        f"{shape[0]}×{shape[1]} scene: holding every class in training put {train / labelled:.0%} of the labelled "
+        f"pixels there (train_fraction={train_fraction}), {val} in validation and {test} in test. Set a smaller "
+        f"data.block_size, e.g. {suggestion} (some 50 blocks)."
+    )
 
 
 def _check_every_class_trains(labels: np.ndarray, train: np.ndarray, kind: str) -> None:
