@@ -127,16 +127,23 @@ def test_time_to_accuracy_quick(tmp_path: Path) -> None:
 @pytest.mark.realdata
 def test_time_to_accuracy_tables_real_scenes_apart(shared_data: Path, tmp_path: Path) -> None:
     command = [sys.executable, "benchmarks/time_to_accuracy.py", "--recipes", "quickstart", "indian_pines_1gpu",
-               "--data-root", str(shared_data), "--max-epochs", "1"]  # fmt: skip
-    result = _run(command, tmp_path, timeout_seconds=400)
+               "--data-root", str(shared_data), "--max-epochs", "1", "--stand-ins-too"]  # fmt: skip
+    result = _run(command, tmp_path, timeout_seconds=600)
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout
-    stand_ins, real = out.index("\nstand-ins:\n"), out.index("\nreal scenes:\n")
-    assert "\nindian_pines " in out[real:] and "\nindian_pines " not in out[stand_ins:real]
-    assert (
-        "synthetic_indian_pines" in out[stand_ins:real] and "synthetic_indian_pines" not in out[real:].split("\n\n")[0]
+    stand_ins, real, against = (
+        out.index(f"\n{title}:\n") for title in ("stand-ins", "real scenes", "stand-in against real scene")
     )
-    assert re.search(r"\nreal scenes: recipes at or above the better SVM: [01] of 1$", out.strip())
+    assert "\nindian_pines " in out[real:against] and "\nindian_pines " not in out[stand_ins:real]
+    assert "synthetic_indian_pines" in out[stand_ins:real] and "synthetic_indian_pines" not in out[real:against]
+    assert re.search(r"\nreal scenes: recipes at or above the better SVM: [01] of 1\n", out)
+    # indian_pines_1gpu ran on both; the quickstart has no real scene to set beside its stand-in
+    rows = [line.split() for line in out[against:].splitlines()[2:-1]]
+    assert [(row[0], row[1]) for row in rows] == [("indian_pines_1gpu", "stratified")] * 3
+    for *_, real_oa, stand_in_oa, diff in rows:
+        assert float(diff) == pytest.approx(float(stand_in_oa) - float(real_oa), abs=0.011)
+    within = sum(abs(float(row[-1])) <= 3 for row in rows)
+    assert out.strip().endswith(f"stand-ins within ±3 OA points of their real scene: {within} of 3")
 
 
 @pytest.mark.slow
