@@ -70,6 +70,37 @@ def test_synthetic_scenes_are_deterministic_fast_and_shaped_like_indian_pines():
     assert not np.array_equal(load_scene("synthetic_indian_pines", seed=1).gt, scene.gt)
 
 
+def test_the_indian_pines_stand_in_has_fields_of_one_class_as_unlike_as_the_real_ones():
+    """Its fields keep to their class's mixture at the calibrated concentration, looser than the generator's default,
+    so the spread of field means within a class (what makes unseen fields hard) is wider."""
+    from scipy import ndimage
+
+    from hslite.datasets.synthetic import FIELD_CONCENTRATION, make_synthetic_scene
+
+    spec = scenes.get_scene_spec("synthetic_indian_pines")
+    assert spec.field_concentration < FIELD_CONCENTRATION
+    assert scenes.get_scene_spec("synthetic_salinas").field_concentration == FIELD_CONCENTRATION  # not calibrated
+    scene = load_scene("synthetic_indian_pines", seed=0)
+    counts, labelled = spec.class_counts, sum(spec.class_counts) / (145 * 145)
+    kwargs = {"seed": 0, "labelled_fraction": labelled, "wavelengths_nm": spec.wavelengths_nm}
+    tight, _, _ = make_synthetic_scene(145, 145, 200, 16, counts, field_concentration=FIELD_CONCENTRATION, **kwargs)
+    loose, gt, _ = make_synthetic_scene(
+        145, 145, 200, 16, counts, field_concentration=spec.field_concentration, **kwargs
+    )
+    np.testing.assert_array_equal(loose, scene.cube)
+
+    def field_spread(cube: np.ndarray) -> float:
+        """Mean over classes of the spread of their fields' mean spectra (fields: connected labelled regions)."""
+        spreads = []
+        for cls in range(1, 17):
+            fields, n = ndimage.label(gt == cls)
+            means = np.stack([cube[fields == f].mean(axis=0) for f in range(1, n + 1)])
+            spreads.append(means.std(axis=0).mean() if n > 1 else 0.0)
+        return float(np.mean(spreads))
+
+    assert field_spread(loose) > 1.5 * field_spread(tight)
+
+
 @pytest.mark.parametrize(
     ("stand_in", "real"),
     [("synthetic_pavia_university", "pavia_university"), ("synthetic_salinas", "salinas"),

@@ -140,7 +140,7 @@ def load_scene(name: str, root: str | Path | None = None, download: bool = False
         labelled = _TINY_LABELLED_FRACTION if counts is None else sum(counts) / (height * width)
         cube, gt, wavelengths_nm = make_synthetic_scene(
             height, width, bands, len(spec.class_names), counts, seed=seed, labelled_fraction=labelled,
-            wavelengths_nm=spec.wavelengths_nm,
+            wavelengths_nm=spec.wavelengths_nm, field_concentration=spec.field_concentration,
         )  # fmt: skip
         return Scene(name, cube_from_array(cube, name), gt, list(spec.class_names), wavelengths_nm)
     if name in _UNMIXING:

@@ -18,7 +18,7 @@ from scipy.spatial import cKDTree
 from hslite.errors import DataError
 
 _PIXELS_PER_FIELD = 200  # average Voronoi cell area; Indian Pines fields are a few hundred pixels
-_FIELD_CONCENTRATION = 60.0  # Dirichlet concentration of a field's mixture around its class mean (higher = tighter)
+FIELD_CONCENTRATION = 60.0  # Dirichlet concentration of a field's mixture around its class mean (higher = tighter)
 _PIXEL_CONCENTRATION = 120.0  # same, of a pixel around its field
 
 
@@ -121,6 +121,7 @@ def make_synthetic_scene(
     *,
     labelled_fraction: float = 0.5,
     wavelengths_nm: Sequence[float] | None = None,
+    field_concentration: float = FIELD_CONCENTRATION,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Generate a labelled scene deterministically from `seed` (same seed, same arrays): (cube, gt, wavelengths_nm).
 
@@ -129,7 +130,8 @@ def make_synthetic_scene(
 
     `class_frequencies` are relative class sizes (default equal); `labelled_fraction` of the pixels get labels, the
     rest stay 0. `noise` is the standard deviation of additive sensor noise in reflectance units. Wavelengths default to
-    `bands` centres evenly spaced over 400-2500 nm.
+    `bands` centres evenly spaced over 400-2500 nm. `field_concentration` sets how closely each field's mixture keeps
+    to its class mean: lower makes the fields of one class differ more, and fields a model has not seen harder.
     """
     if min(height, width, bands, num_classes) < 1:
         raise DataError(f"Synthetic scene sizes must be >= 1; got {height}x{width}x{bands}, {num_classes} classes.")
@@ -144,7 +146,7 @@ def make_synthetic_scene(
     endmembers = endmember_spectra(wavelengths, rng)
     # Class means are sparse-ish mixtures; unlabelled land cover (owner 0) gets a mixture of its own.
     class_mixture = rng.dirichlet(np.full(endmembers.shape[0], 0.6), size=num_classes + 1)
-    field_mixture = _dirichlet_around(class_mixture[owner], _FIELD_CONCENTRATION, rng)
+    field_mixture = _dirichlet_around(class_mixture[owner], field_concentration, rng)
     pixel_mixture = _dirichlet_around(field_mixture[cell], _PIXEL_CONCENTRATION, rng)
     illumination = 1 + 0.05 * rng.standard_normal((height, width, 1))
     cube = (pixel_mixture @ endmembers) * illumination
