@@ -138,7 +138,7 @@ def test_time_to_accuracy_tables_real_scenes_apart(shared_data: Path, tmp_path: 
     assert "synthetic_indian_pines" in out[stand_ins:real] and "synthetic_indian_pines" not in out[real:against]
     assert re.search(r"\nreal scenes: recipes at or above the better SVM: [01] of 1\n", out)
     # indian_pines_1gpu ran on both; the quickstart has no real scene to set beside its stand-in
-    rows = [line.split() for line in out[against:].splitlines()[2:-1]]
+    rows = [line.split() for line in out[against:].splitlines()[3:-1]]  # past the blank line, title and header
     assert [(row[0], row[1]) for row in rows] == [("indian_pines_1gpu", "stratified")] * 3
     for *_, real_oa, stand_in_oa, diff in rows:
         assert float(diff) == pytest.approx(float(stand_in_oa) - float(real_oa), abs=0.011)
