@@ -71,10 +71,11 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 def _cmd_recipes(args: argparse.Namespace) -> int:
     from hslite.recipe.config import list_recipes
-    from hslite.recipe.schema import valid_keys
+    from hslite.recipe.schema import described_keys
 
     if args.keys:
-        print("\n".join(valid_keys()))
+        for key, default, why in described_keys():
+            print(f"{key}={'null' if default is None else default}" + (f"  # {why}" if why else ""))
         return 0
     recipes = list_recipes()
     width = max(map(len, recipes))
@@ -183,7 +184,7 @@ def _parser() -> argparse.ArgumentParser:
     p = add("predict", _cmd_predict, "map a cube with a finished run: prediction.tif, map.png, probabilities")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="run=RUN_DIR, cube=PATH, output=DIR, ...")
     p = add("recipes", _cmd_recipes, "list the shipped recipes")
-    p.add_argument("--keys", action="store_true", help="list every key a recipe or override may set")
+    p.add_argument("--keys", action="store_true", help="every key a recipe or override may set, its default and why")
     add("models", _cmd_models, "list the registered models")
     p = add("data", _cmd_data, "list, describe or fetch scenes")
     p.add_argument("action", choices=("list", "info", "fetch"))

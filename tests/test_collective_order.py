@@ -8,8 +8,6 @@ rank and after it on another: the case where channel groups' two communicators c
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import lightning.pytorch as pl
 import pytest
 import torch
@@ -18,6 +16,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from test_ddp import FixedData
 
 from hslite.models import get_model
+from hslite.parallel.deadlines import Deadlines
 from hslite.parallel.plan import Plan
 from hslite.parallel.rotation import RotationSchedule
 from hslite.parallel.timing import TrainThroughput
@@ -64,7 +63,7 @@ class OwnTokenizers(torch.nn.Module):
         return self.head(self.aggregate(self.encode_groups(x, groups), groups))
 
 
-OPTIONS = {"start_method": "spawn", "process_group_backend": "gloo", "timeout": timedelta(seconds=60)}
+OPTIONS = {"start_method": "spawn", "process_group_backend": "gloo", "deadlines": Deadlines(collective=60, startup=60)}
 
 
 def _strategy(kind: str):
@@ -86,7 +85,7 @@ def _strategy(kind: str):
         "chag2-own-model": lambda: ChannelGroupCompressedDDPStrategy(
             2, compression="none", bucket_cap_mb=SMALL_BUCKET_MB, **OPTIONS
         ),
-        "fsdp": lambda: ShardedStrategy(2, "32-true", "gloo", timedelta(seconds=60)),
+        "fsdp": lambda: ShardedStrategy(2, "32-true", "gloo"),
     }[kind]()
 
 

@@ -152,6 +152,10 @@ OUT_OF_RANGE = [
     ("preflight.device_efficiency", "1.5", "must be 0 or in (0, 1]"),
     ("output.checkpoint_every_n_epochs", "0", "must be ≥ 1"),
     ("preflight.probe_steps", "0", "must be ≥ 1"),
+    ("parallel.deadlines.collective", "0", "must be > 0"),
+    ("parallel.deadlines.startup", "-1", "must be > 0"),
+    ("parallel.deadlines.fence", "0", "must be > 0"),
+    ("parallel.deadlines.stall", "0", "must be > 0"),
 ]
 
 

@@ -125,14 +125,14 @@ def test_torchrun_nodes_train_what_one_box_trains_with_the_same_ranks(tmp_path, 
         assert launched[key] == pytest.approx(spawned[key], abs=1e-9), key
 
 
-def _slurm_rank(out: Path, rank: int, port: int) -> subprocess.Popen:
+def _slurm_rank(out: Path, rank: int, port: int, *extra: str) -> subprocess.Popen:
     """Rank `rank` of a two-node SLURM job step, started with the variables srun sets."""
     env = {**_env(), "SLURM_NTASKS": "2", "SLURM_PROCID": str(rank), "SLURM_LOCALID": "0",
            "SLURM_NODEID": str(rank), "SLURM_NNODES": "2", "SLURM_NTASKS_PER_NODE": "1",
            "SLURM_JOB_NAME": "hslite-test", "SLURM_JOB_ID": "4242", "SLURM_NODELIST": "127.0.0.1",
            "MASTER_PORT": str(port)}  # fmt: skip
     command = [sys.executable, "-m", "hslite.cli", "fit", *FIT, "parallel.num_nodes=2", "parallel.devices=1",
-               f"output.root={out}"]  # fmt: skip
+               f"output.root={out}", *extra]  # fmt: skip
     log = (out / f"node{rank}.log").open("w")
     return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=out,
                             preexec_fn=_node_cores(rank, 2))  # fmt: skip
@@ -169,10 +169,10 @@ def test_a_simulated_slurm_step_trains_what_one_box_trains(tmp_path: Path) -> No
 
 def test_a_slurm_allocation_run_without_srun_says_so_instead_of_hanging(tmp_path: Path) -> None:
     # a batch script that runs `hslite fit` itself: SLURM_NTASKS says 2, one process exists
-    alone = _slurm_rank(tmp_path, 0, _free_port())
+    alone = _slurm_rank(tmp_path, 0, _free_port(), "parallel.deadlines.startup=15")
     assert alone.wait(timeout=120) != 0
     log = (tmp_path / "node0.log").read_text()
-    assert "hslite: error: SLURM rank 0 of 2 waited 15 s at 127.0.0.1:" in log, log[-3000:]
+    assert "hslite: error: SLURM rank 0 of 2 waited 15 s (parallel.deadlines.startup) at 127.0.0.1:" in log, log[-3000:]
     assert "run `srun hslite fit ...` inside the allocation" in log, log[-3000:]
     assert "Traceback" not in log, log[-3000:]
 
@@ -193,8 +193,8 @@ def test_a_world_that_is_not_the_recipes_is_one_sentence_before_any_process_grou
             "launch 4 process(es) per node on 1 node(s).", said  # fmt: skip
 
 
-def _kill_the_node_of_rank_1(root: Path, agents: list[subprocess.Popen], epoch: int) -> subprocess.Popen:
-    """Once rank 1 trains `epoch` or later, SIGKILL its agent and itself, as a machine that goes down; the other."""
+def _rank_1_training(root: Path, epoch: int) -> int:
+    """The pid of rank 1 once it trains `epoch` or later."""
     deadline, activity = time.monotonic() + 120, None
     while activity is None and time.monotonic() < deadline:
         time.sleep(0.05)  # an epoch of the quickstart can take a fifth of a second
@@ -203,7 +203,12 @@ def _kill_the_node_of_rank_1(root: Path, agents: list[subprocess.Popen], epoch: 
         training = re.match(r"training epoch (\d+)", entry.get("doing", ""))
         activity = entry if training and int(training[1]) >= epoch else None
     assert activity is not None, (root / "node0.log").read_text()[-3000:]
-    rank1 = activity["pid"]
+    return int(activity["pid"])
+
+
+def _kill_the_node_of_rank_1(root: Path, agents: list[subprocess.Popen], epoch: int) -> subprocess.Popen:
+    """Once rank 1 trains `epoch` or later, SIGKILL its agent and itself, as a machine that goes down; the other."""
+    rank1 = _rank_1_training(root, epoch)
     agent = int(Path(f"/proc/{rank1}/stat").read_text().rsplit(")", 1)[1].split()[1])  # its parent: the agent
     for pid in (rank1, agent):
         os.kill(pid, signal.SIGKILL)
@@ -226,6 +231,22 @@ def test_a_killed_node_ends_the_job_on_the_other_with_one_sentence_and_no_proces
     assert left == [], f"processes left: {left}"
     said = next(line for line in log.splitlines() if line.startswith("hslite: error:"))
     print(f"the job ended {ended:.1f} s after the node was killed, {len(left)} processes left; {said}")
+
+
+def test_a_launched_rank_that_hangs_alive_ends_the_job_within_a_minute_named_by_the_stall_watch(tmp_path) -> None:
+    # Two torchrun "nodes" on one machine: the rank on the other node watches the stopped one's heartbeat.
+    agents = _torchrun_nodes(tmp_path, 2, 1, "train.max_epochs=1000")  # the collective deadline stays at 10 minutes
+    os.kill(_rank_1_training(tmp_path, 1), signal.SIGSTOP)
+    stopped = time.monotonic()
+    codes = [agent.wait(timeout=120) for agent in agents]
+    ended = time.monotonic() - stopped
+    logs = "".join((tmp_path / f"node{node}.log").read_text() for node in range(2))
+    assert all(code != 0 for code in codes) and ended < 60, logs[-3000:]
+    assert "stopped responding: no heartbeat for 3" in logs and "so hslite ended it" in logs, logs[-3000:]
+    left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True, check=False).stdout.split()
+    assert left == [], f"processes left: {left}"
+    said = next(line for line in logs.splitlines() if line.startswith("hslite: error:"))
+    print(f"the job ended {ended:.1f} s after rank 1 was stopped; {said}")
 
 
 @pytest.mark.parametrize(

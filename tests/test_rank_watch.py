@@ -1,24 +1,24 @@
-"""Failure semantics a GPU job meets: who is blamed when NCCL's watchdog aborts the waiting ranks (SIGABRT), and a
-rank's solo work (rank 0 writing a checkpoint) longer than the collectives' deadline does not end a healthy job."""
+"""Failure semantics a GPU job meets: who is blamed when hslite's stall watch ends a rank or NCCL's watchdog aborts the
+waiting ranks (SIGABRT), and a rank's solo work (rank 0 writing a checkpoint) longer than the collectives' deadline
+does not end a healthy job."""
 
 from __future__ import annotations
 
 import json
 import signal
 import time
-from datetime import timedelta
 from types import SimpleNamespace
 
 import lightning.pytorch as pl
 import pytest
 import torch
-import torch.distributed as dist
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from test_ddp import FixedData
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
 from hslite.models import get_model
+from hslite.parallel.deadlines import Deadlines
 from hslite.parallel.plan import Plan
 from hslite.parallel.rank_watch import launched_failure, rank_failure
 from hslite.parallel.trainer_args import trainer_kwargs
@@ -32,20 +32,35 @@ WATCHDOG_LINE = (
 )
 
 
-def _failure(codes: list[int], first: int, folder, logs: dict[int, str] | None = None) -> str:
+COLLECTIVE = Deadlines(collective=15)
+
+
+def _failure(
+    codes: list[int], first: int, folder, logs: dict[int, str] | None = None, stalled: dict[int, float] | None = None
+) -> str:
     for rank, text in (logs or {}).items():
         (folder / f"rank{rank}.log").write_text(text)
     procs = [SimpleNamespace(exitcode=code) for code in codes]
     trainer = SimpleNamespace(strategy=SimpleNamespace(launcher=SimpleNamespace(procs=procs)))
     name = signal.Signals(-codes[first]).name
     error = ProcessExitedException(f"process {first} terminated with signal {name}", first, 1234, codes[first], name)
-    return str(rank_failure(error, trainer, folder))
+    return str(rank_failure(error, trainer, folder, COLLECTIVE, stalled or {}))
+
+
+def test_a_rank_the_stall_watch_ended_is_named_with_its_silence_not_as_a_killed_rank(tmp_path):
+    # The watch SIGKILLed rank 1; rank 0's collective then failed on the closed connection.
+    text = _failure([1, -signal.SIGKILL], 1, tmp_path, stalled={1: 31.2})
+    assert text.startswith(
+        "rank 1 stopped responding: no heartbeat for 31 s (parallel.deadlines.stall=30), so hslite ended it"
+    ), text
 
 
 def test_nccl_watchdog_abort_blames_the_rank_that_stalled_not_the_one_that_waited(tmp_path):
     # Rank 1 stalled; NCCL's watchdog aborted rank 0 (which waited), then the launcher SIGKILLed rank 1.
     text = _failure([-signal.SIGABRT, -signal.SIGKILL], 0, tmp_path, {0: WATCHDOG_LINE})
-    assert text.startswith("rank 1 stopped responding: rank 0 waited 15 s for it in a collective"), text
+    assert text.startswith(
+        "rank 1 stopped responding: rank 0 waited 15 s (parallel.deadlines.collective) for it in a collective"
+    ), text
 
 
 def test_nccl_watchdog_abort_of_several_waiters_blames_the_one_rank_left(tmp_path):
@@ -74,14 +89,15 @@ def test_gloo_timeouts_still_blame_the_rank_that_had_to_be_killed(tmp_path):
     procs = [SimpleNamespace(exitcode=1), SimpleNamespace(exitcode=-signal.SIGKILL)]
     trainer = SimpleNamespace(strategy=SimpleNamespace(launcher=SimpleNamespace(procs=procs)))
     error = ProcessRaisedException("RuntimeError: [gloo] Timed out waiting 15000ms for recv operation", 0, 1234)
-    assert str(rank_failure(error, trainer, tmp_path)).startswith("rank 1 stopped responding: rank 0 waited")
+    text = str(rank_failure(error, trainer, tmp_path, COLLECTIVE, {}))
+    assert text.startswith("rank 1 stopped responding: rank 0 waited")
 
 
 # ------------------------------------------------------------------------------ a long solo phase, fenced
 SOLO_SECONDS = 12.0  # rank 0's checkpoint write
 # The collectives' deadline in this test: the write lasts more than twice as long, and the ranks' own steps and
-# epoch-end reductions, on a loaded 2-core box, stay well within it.
-DEADLINE = timedelta(seconds=5)
+# epoch-end reductions, on a loaded 2-core box, stay well within it. Start-up keeps its own (the ranks' imports).
+DEADLINES = Deadlines(collective=5)
 
 
 class SlowRankZeroWrite(TorchCheckpointIO):
@@ -92,25 +108,17 @@ class SlowRankZeroWrite(TorchCheckpointIO):
         super().save_checkpoint(checkpoint, path, storage_options)
 
 
-class ShortDeadline(pl.Callback):
-    """Shorten every rank's collective deadline once the group exists (a short one at start-up would race the
-    ranks' imports)."""
-
-    def setup(self, trainer, pl_module, stage):
-        dist.distributed_c10d._set_pg_timeout(DEADLINE)
-
-
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.timeout(300)
 def test_rank_zero_writing_a_checkpoint_longer_than_the_deadline_does_not_end_the_job(tmp_path):
     torch.manual_seed(0)
     task = HSIClassifier(get_model("cnn1d", in_bands=32, num_classes=4, patch_size=3), num_classes=4, warmup_epochs=0)
-    kwargs = trainer_kwargs(Plan(devices=2, batch_size=16), progress=False)
+    kwargs = trainer_kwargs(Plan(devices=2, batch_size=16), progress=False, deadlines=DEADLINES)
     kwargs["strategy"].checkpoint_io = SlowRankZeroWrite()
     checkpoints = ModelCheckpoint(dirpath=tmp_path, save_last=True)
     trainer = pl.Trainer(
-        **{**kwargs, "callbacks": [*kwargs["callbacks"], ShortDeadline(), checkpoints]},
+        **{**kwargs, "callbacks": [*kwargs["callbacks"], checkpoints]},
         max_epochs=1, limit_val_batches=0, logger=False, use_distributed_sampler=False,
     )  # fmt: skip
     trainer.fit(task, datamodule=FixedData(16))
@@ -132,9 +140,21 @@ def test_a_launched_rank_whose_peer_closed_names_the_stalest_rank_and_its_node(t
     _activity(tmp_path, 0, 0, "training epoch 3", 0.1)
     _activity(tmp_path, 1, 1, "training epoch 2", 30)
     _activity(tmp_path, 2, 1, "training epoch 3", 1)
-    text = str(launched_failure(RuntimeError(GLOO_CLOSED), 0, tmp_path))
+    text = str(launched_failure(RuntimeError(GLOO_CLOSED), 0, tmp_path, COLLECTIVE))
     assert text.startswith("rank 1 on node 1 (host1) stopped answering; its last sign was training epoch 2 (30 s ago)")
     assert "saw its collective fail (Connection closed by peer [127.0.0.1]:4508)" in text
+
+
+def test_a_launched_rank_a_stall_watch_ended_is_the_one_named_with_its_silence(tmp_path):
+    _activity(tmp_path, 0, 0, "training epoch 3", 0.1)
+    _activity(tmp_path, 1, 0, "training epoch 3", 31)
+    _activity(tmp_path, 2, 1, "training epoch 2", 40)  # older, but a node that went on answering
+    (tmp_path / "rank1.stalled").write_text(json.dumps({"silent_seconds": 31.4}))
+    text = str(launched_failure(RuntimeError(GLOO_CLOSED), 0, tmp_path, COLLECTIVE))
+    assert text.startswith(
+        "rank 1 on node 0 (host0) stopped responding: no heartbeat for 31 s (parallel.deadlines.stall=30), so hslite "
+        "ended it; its last sign was training epoch 3"
+    ), text
 
 
 @pytest.mark.parametrize(
@@ -145,4 +165,4 @@ def test_a_launched_rank_whose_peer_closed_names_the_stalest_rank_and_its_node(t
 def test_an_error_that_is_not_a_collectives_is_left_as_it_is(tmp_path, error):
     _activity(tmp_path, 0, 0, "training epoch 3", 0.1)
     _activity(tmp_path, 1, 1, "training epoch 2", 30)
-    assert launched_failure(error, 0, tmp_path) is None
+    assert launched_failure(error, 0, tmp_path, COLLECTIVE) is None

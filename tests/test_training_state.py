@@ -4,7 +4,6 @@ compressing strategy's included, is gathered in one collective per checkpoint.""
 
 from __future__ import annotations
 
-from datetime import timedelta
 from types import SimpleNamespace
 
 import lightning.pytorch as pl
@@ -14,6 +13,7 @@ from collective_recorder import RecordCollectives, check_collectives, recorded
 from test_ddp import FixedData
 
 from hslite.models import get_model
+from hslite.parallel.deadlines import Deadlines
 from hslite.parallel.plan import Plan
 from hslite.parallel.strategies import CHECKPOINT_KEY, CompressedDDPStrategy
 from hslite.parallel.trainer_args import process_group_backend, trainer_kwargs
@@ -62,7 +62,7 @@ def test_a_checkpoint_gathers_random_states_and_compression_residuals_in_one_col
     plan = Plan(devices=2, batch_size=8)
     kwargs = trainer_kwargs(plan, progress=False)
     kwargs["strategy"] = CompressedDDPStrategy(
-        "int8", start_method="spawn", process_group_backend="gloo", timeout=timedelta(seconds=60)
+        "int8", start_method="spawn", process_group_backend="gloo", deadlines=Deadlines(collective=60)
     )
     torch.manual_seed(0)
     task = HSIClassifier(get_model("cnn1d", in_bands=32, num_classes=4, patch_size=3), num_classes=4, warmup_epochs=0)

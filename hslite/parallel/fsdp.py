@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch.strategies import ModelParallelStrategy
@@ -22,9 +21,10 @@ from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcess
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import nn
 
+from hslite.parallel.deadlines import DEFAULT_DEADLINES, Deadlines, FencedBarrier
 from hslite.parallel.fsdp_policy import shard_model
 from hslite.parallel.spawned_rank import end_finished_rank
-from hslite.parallel.strategies import DestroyedAtExit, FencedBarrier
+from hslite.parallel.strategies import DestroyedAtExit
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 class ShardedStrategy(DestroyedAtExit, FencedBarrier, ModelParallelStrategy):
     """FSDP2 over every rank, spawned, with full-state checkpoints and fenced barriers; the task shards with it.
 
-    `HSIClassifier.configure_model` calls `shard`; `strategies.FencedBarrier` says why barriers wait longer and
+    `HSIClassifier.configure_model` calls `shard`; `deadlines.FencedBarrier` says why barriers are fences and
     `strategies.DestroyedAtExit` why each rank destroys its group at exit.
     """
 
@@ -42,16 +42,16 @@ class ShardedStrategy(DestroyedAtExit, FencedBarrier, ModelParallelStrategy):
         world_size: int,
         precision: str,
         backend: str,
-        timeout: timedelta,
         spawn: bool = True,
         replicas: int = 1,
+        deadlines: Deadlines = DEFAULT_DEADLINES,
     ) -> None:
         super().__init__(
             data_parallel_size=world_size,
             tensor_parallel_size=1,
             save_distributed_checkpoint=False,
             process_group_backend=backend,
-            timeout=timeout,
+            deadlines=deadlines,
         )
         self.compute_precision, self.spawn, self.replicas = precision, spawn, replicas
 

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment, TorchElasticEnvironment
 
 from hslite.errors import ConfigError, HSLiteError
+from hslite.parallel.deadlines import DEFAULT_DEADLINES, Deadlines, fence, set_collective_deadline
 
 T = TypeVar("T")
 
@@ -37,6 +38,7 @@ class LaunchedJob:
     environment: ClusterEnvironment
     world_size: int
     num_nodes: int
+    deadlines: Deadlines = DEFAULT_DEADLINES
 
     @property
     def global_rank(self) -> int:
@@ -68,8 +70,12 @@ class LaunchedJob:
                 f"{plan.devices} process(es) per node on {plan.num_nodes} node(s)."
             )
 
-    def join(self, backend: str, timeout: Any) -> None:
-        """Initialise the job's default process group (the Trainer's strategy finds it and keeps it)."""
+    def join(self, backend: str) -> None:
+        """Initialise the job's default process group (the Trainer's strategy finds it and keeps it).
+
+        The ranks meet under the start-up deadline (the launcher starts nodes when their allocation comes); the group
+        then takes the collective deadline.
+        """
         if dist.is_initialized():
             return
         os.environ["MASTER_ADDR"] = self.environment.main_address
@@ -78,17 +84,20 @@ class LaunchedJob:
             import torch
 
             torch.cuda.set_device(self.environment.local_rank())
+        timeout = self.deadlines.timedelta("startup")
         try:
             dist.init_process_group(backend, rank=self.global_rank, world_size=self.world_size, timeout=timeout)
         except dist.DistError as err:  # the store's "waiting for clients" / "connect" deadline passed
             raise ConfigError(
                 f"{self.launcher} rank {self.global_rank} of {self.world_size} waited {timeout.total_seconds():.0f} s "
+                "(parallel.deadlines.startup) "
                 f"at {self.environment.main_address}:{self.environment.main_port} for the other ranks, and not all "
                 f"came ({str(err).strip().splitlines()[0]}). Every rank must be started by the launcher: under SLURM "
                 "run `srun hslite fit ...` inside the allocation (a batch script that runs hslite itself is one "
                 f"process); under torchrun start an agent on each of the {self.num_nodes} node(s) with the same "
                 "--rdzv-endpoint."
             ) from None
+        set_collective_deadline(self.deadlines.collective)
 
     def placement(self) -> list[tuple[int, str]]:
         """(node, host name) of every global rank, as the launcher numbers nodes (a collective on the joined group)."""
@@ -101,12 +110,10 @@ class LaunchedJob:
     def from_leader(self, decide: Callable[[], T]) -> T:
         """Rank 0's `decide()` on every rank; an HSLiteError it raises is raised on every rank.
 
-        Rank 0 may take minutes (a pre-flight probes, an evaluation maps a scene): the others wait at a barrier with
-        the fenced deadline (`strategies.FENCE_TIMEOUT`), not the collectives' short one; a rank 0 that dies ends
+        Rank 0 may take minutes (a pre-flight probes, an evaluation maps a scene): the others wait at a fence
+        (`deadlines.fence`, over gloo with parallel.deadlines.fence), not in a collective; a rank 0 that dies ends
         the wait at once (its connections close).
         """
-        from hslite.parallel.strategies import FENCE_BARRIER_KWARGS
-
         outcome: list[Any] = [None]
         error: HSLiteError | None = None
         if self.leader:
@@ -114,7 +121,7 @@ class LaunchedJob:
                 outcome[0] = ("value", decide())
             except HSLiteError as err:
                 error, outcome[0] = err, ("error", (type(err), str(err)))
-        dist.barrier(**FENCE_BARRIER_KWARGS)
+        fence(self.deadlines.fence)
         dist.broadcast_object_list(outcome, src=0)
         kind, value = outcome[0]
         if error is not None:
@@ -129,7 +136,7 @@ class LaunchedJob:
         return value
 
 
-def launched_job() -> LaunchedJob | None:
+def launched_job(deadlines: Deadlines = DEFAULT_DEADLINES) -> LaunchedJob | None:
     """The job a launcher started this process in, or None (no launcher, or a launcher of one process)."""
     if TorchElasticEnvironment.detect():
         environment: ClusterEnvironment = TorchElasticEnvironment()
@@ -141,7 +148,7 @@ def launched_job() -> LaunchedJob | None:
     world = environment.world_size()
     if world <= 1:
         return None
-    return LaunchedJob(launcher, environment, world, int(nodes) if nodes else 1)
+    return LaunchedJob(launcher, environment, world, int(nodes) if nodes else 1, deadlines)
 
 
 # What torchrun and srun set for their ranks (and Lightning's environments read): a process hslite starts from a

@@ -35,6 +35,7 @@ from torch.utils.data import DataLoader, Dataset
 from hslite.cache import read_cache, write_cache
 from hslite.errors import HSLiteError
 from hslite.parallel.box import threads_per_process
+from hslite.parallel.host_reduce import max_over_ranks
 from hslite.parallel.launched import leave_the_job
 from hslite.parallel.plan import Plan
 from hslite.parallel.rank_setup import quiet_lightning
@@ -166,7 +167,7 @@ class BareStepTimer(pl.Callback):
                 torch.cuda.synchronize(device)
             seconds.append(time.perf_counter() - start)
         median = torch.tensor(statistics.median(seconds[2:]), dtype=torch.float64)
-        module.log("perf/bare_step_seconds", float(trainer.strategy.reduce(median, reduce_op="max")))
+        module.log("perf/bare_step_seconds", float(max_over_ranks(median)))
 
 
 def _cache_key(loop_plan: Plan, num_classes: int) -> dict[str, object]:

@@ -1,12 +1,12 @@
 """A rank that dies or stalls ends the whole job within a minute, with a sentence naming the rank and what it did.
 
-Two parts. Every collective has a deadline (`trainer_args.PROCESS_GROUP_TIMEOUT`): a rank waiting on a
-stalled peer raises (gloo) or is aborted by NCCL's watchdog (GPUs) instead of waiting torch's default 30 minutes, and
-Lightning's spawn launcher then stops the other ranks (SIGTERM, SIGKILL 30 s later) — no rank is left behind. Barriers,
-which end the phases where one rank works alone (rank 0 writing a checkpoint), wait `strategies.FENCE_TIMEOUT` instead
-(strategies.FencedBarrier), so a long write does not end a healthy job. A rank that dies outright (`kill -9`, out of
-memory) is seen at once by the launcher's join. And each rank writes what it is doing (`RankActivity`, a small
-JSON file per rank, at most once a second), so that `rank_failure` can say which rank failed, how, and where.
+A rank that dies outright (`kill -9`, out of memory) is seen at once by the launcher's join, which stops the others
+(SIGTERM, SIGKILL 30 s later) — no rank is left behind. A rank that hangs alive is ended by hslite's stall watch
+(`stall_watch.py`: a heartbeat per rank, read by the spawning process) after `parallel.deadlines.stall` seconds, and
+then the same happens. The collective deadline (`deadlines.py`) is the last resort: minutes, because on GPUs it is
+NCCL's watchdog, which aborts every rank. Barriers, which end the phases where one rank works alone, are fences over
+gloo with a deadline of their own. And each rank writes what it is doing (`RankActivity`, a small JSON file per rank,
+at most once a second), so that `rank_failure` can say which rank failed, how, and where.
 Each spawned rank's stderr goes to `ranks/rank<r>.log` in the run folder: when one rank dies the others' collectives
 fail with tracebacks that say nothing the one sentence does not, and they stay there for a bug report.
 """
@@ -21,13 +21,16 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 
 from hslite.errors import HSLiteError
-from hslite.parallel.trainer_args import PROCESS_GROUP_TIMEOUT
+from hslite.parallel.deadlines import Deadlines
+from hslite.parallel.stall_watch import Heartbeat, StallWatch, same_job_here, stalled_path
 
 _EVERY_SECONDS = 1.0
 
@@ -42,6 +45,7 @@ class RankActivity(pl.Callback):
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self._written = 0.0
+        self._heartbeat: Heartbeat | None = None
 
     def _write(self, trainer: pl.Trainer, doing: str, force: bool = True) -> None:
         now = time.time()
@@ -63,6 +67,13 @@ class RankActivity(pl.Callback):
             os.dup2(log, 2)  # the fd, not only sys.stderr: C++ (gloo) and the launcher's own tracebacks go there too
             os.close(log)
         self._write(trainer, "setting up")
+        self._heartbeat = Heartbeat(self.folder, trainer.global_rank)
+        self._heartbeat.start()
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:  # noqa: D102
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+            self._heartbeat = None
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:  # noqa: D102
         self._write(trainer, f"training epoch {trainer.current_epoch + 1}")
@@ -81,14 +92,18 @@ class RankActivity(pl.Callback):
         self._write(trainer, f"saving a checkpoint after epoch {trainer.current_epoch + 1}")
 
 
-def rank_failure(error: BaseException, trainer: pl.Trainer, folder: Path) -> RankFailed | None:
+def rank_failure(
+    error: BaseException, trainer: pl.Trainer, folder: Path, deadlines: Deadlines, stalled: dict[int, float]
+) -> RankFailed | None:
     """The sentence for a spawned rank's failure (death, stall, exception), or None for any other error.
 
-    Who stalled is read from how the ranks ended. Over gloo the ranks that waited for a stalled peer raise a timeout
-    (ProcessRaisedException) and the launcher stops the rest: SIGTERM, then SIGKILL 30 s later for a rank that does
-    not answer, the stalled one. Over NCCL no exception is raised: its watchdog aborts the ranks that waited (SIGABRT,
-    "Watchdog caught collective operation timeout" in their log), so the rank that ended first is a waiter, not the
-    culprit; the stalled rank is one that was not aborted (killed by the launcher, or stopped by its SIGTERM).
+    `stalled`: the ranks the stall watch ended, with their seconds of silence; they are the culprits. Otherwise who
+    stalled is read from how the ranks ended (the collective deadline passed). Over gloo the ranks that waited for a
+    stalled peer raise a timeout (ProcessRaisedException) and the launcher stops the rest: SIGTERM, then SIGKILL 30 s
+    later for a rank that does not answer, the stalled one. Over NCCL no exception is raised: its watchdog aborts the
+    ranks that waited (SIGABRT, "Watchdog caught collective operation timeout" in their log), so the rank that ended
+    first is a waiter, not the culprit; the stalled rank is one that was not aborted (killed by the launcher, or
+    stopped by its SIGTERM).
     """
     from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
@@ -97,9 +112,15 @@ def rank_failure(error: BaseException, trainer: pl.Trainer, folder: Path) -> Ran
     processes = getattr(trainer.strategy.launcher, "procs", None) or []
     codes = [p.exitcode for p in processes]
     first = int(getattr(error, "error_index", 0))
-    wait = f"waited {PROCESS_GROUP_TIMEOUT.seconds} s for it in a collective"
+    wait = f"waited {deadlines.collective:g} s (parallel.deadlines.collective) for it in a collective"
     killed = [r for r, c in enumerate(codes) if c is not None and c < 0 and c != -signal.SIGTERM]
-    if _watchdog_aborted(first, codes, folder):
+    if stalled:
+        rank = min(stalled)
+        how = (
+            f"stopped responding: no heartbeat for {stalled[rank]:.0f} s (parallel.deadlines.stall="
+            f"{deadlines.stall:g}), so hslite ended it"
+        )
+    elif _watchdog_aborted(first, codes, folder):
         waiters = [r for r, c in enumerate(codes) if c == -signal.SIGABRT]
         others = [r for r in range(len(codes)) if r not in waiters]
         rank = ([r for r in others if codes[r] == -signal.SIGKILL] or others or [first])[0]
@@ -131,12 +152,13 @@ def rank_failure(error: BaseException, trainer: pl.Trainer, folder: Path) -> Ran
     )
 
 
-def launched_failure(error: BaseException, rank: int, folder: Path) -> RankFailed | None:
+def launched_failure(error: BaseException, rank: int, folder: Path, deadlines: Deadlines) -> RankFailed | None:
     """The sentence for a launched job's rank whose collective failed because another rank or node went away.
 
     No launcher process of hslite's sees the ranks end here (torchrun's agents and srun do, node by node), so the
-    rank that failed is read from the activity files: the other rank whose last sign of life is the oldest. Every
-    surviving rank says it, raises, and its launcher ends the ranks left on its node.
+    rank that failed is read from the activity files: a rank a stall watch ended (`rank<r>.stalled`), else the other
+    rank whose last sign of life is the oldest. Every surviving rank says it, raises, and its launcher ends the ranks
+    left on its node.
     """
     import torch.distributed as dist
 
@@ -147,13 +169,21 @@ def launched_failure(error: BaseException, rank: int, folder: Path) -> RankFaile
     others = sorted((entry["at"], r) for r, entry in seen.items() if r != rank)
     if not others:
         return None
-    _, gone = others[0]
+    ended = sorted(r for r in seen if r != rank and stalled_path(folder, r).is_file())
+    gone = ended[0] if ended else others[0][1]
     entry, me = seen[gone], seen.get(rank, {})
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     # gloo's "[file.cc:553] Connection closed by peer [host]:port. This is typically ..." -> its first sentence
     reason = re.sub(r"^\[[^\]]*\]\s*", "", lines[-1]).split(". ")[0] if lines else type(error).__name__
+    how = "stopped answering"
+    if ended:
+        silent = json.loads(stalled_path(folder, gone).read_text())["silent_seconds"]
+        how = (
+            f"stopped responding: no heartbeat for {silent:.0f} s (parallel.deadlines.stall={deadlines.stall:g}), so "
+            "hslite ended it"
+        )
     return RankFailed(
-        f"rank {gone} on node {entry.get('node', '?')} ({entry.get('host', '?')}) stopped answering; its last sign "
+        f"rank {gone} on node {entry.get('node', '?')} ({entry.get('host', '?')}) {how}; its last sign "
         f"was {entry['doing']} ({time.time() - entry['at']:.0f} s ago), and rank {rank} on node {me.get('node', '?')} "
         f"saw its collective fail ({reason}). The launcher ends the ranks left "
         "on every node; the folder is kept (ending in .failed): continue it with the same command and resume=last."
@@ -204,3 +234,30 @@ def _activity_entries(folder: Path) -> dict[int, dict[str, Any]]:
         except (OSError, ValueError):
             continue
     return out
+
+
+@contextmanager
+def watched_ranks(trainer: pl.Trainer, folder: Path, deadlines: Deadlines, job: Any) -> Iterator[None]:
+    """Run a fit of `trainer`'s ranks under the stall watch, and turn a rank's failure into its one sentence.
+
+    `folder`: the ranks' activity folder; `job`: the launched job this process is a rank of, or None when the fit
+    spawns its ranks (they are watched from here), else every launched rank watches its machine's others.
+    """
+    if trainer.world_size == 1:
+        watch: Any = nullcontext(None)
+    elif job is None:
+        watch = StallWatch(folder, deadlines.stall)
+    else:
+        watch = StallWatch(folder, deadlines.stall, may_end=same_job_here, skip=job.global_rank)
+    with watch as watching:
+        try:
+            yield
+        except Exception as err:
+            failed = (
+                rank_failure(err, trainer, folder, deadlines, watching.stalled if watching else {})
+                if job is None
+                else launched_failure(err, job.global_rank, folder, deadlines)
+            )
+            if failed is None:
+                raise
+            raise failed from None

@@ -1,7 +1,7 @@
-"""Lightning DDP as hslite runs it: fenced barriers, and a compressed gradient all-reduce on every device.
+"""Lightning DDP as hslite runs it: deadlines per phase, fenced barriers, a compressed gradient all-reduce everywhere.
 
-Barriers wait longer than collectives, so that one rank's solo work (a checkpoint write) cannot end a healthy job;
-the compression hook is registered on CPU too, where Lightning registers none.
+Barriers are fences over gloo with a deadline of their own (`deadlines.py`), so one rank's solo work (a checkpoint
+write) cannot end a healthy job; the compression hook is registered on CPU too, where Lightning registers none.
 
 Build them directly (no registry name): `Trainer(strategy=CompressedDDPStrategy("int8", start_method="spawn"), ...)`.
 """
@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import atexit
 import gc
-import inspect
-from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
@@ -23,17 +21,10 @@ from torch.nn.parallel import DistributedDataParallel
 from hslite.errors import ConfigError
 from hslite.parallel.compression import dispatch_hook
 from hslite.parallel.compression_state import CompressionState
+from hslite.parallel.deadlines import FencedBarrier
 from hslite.parallel.wire_format import DEFAULT_CHUNK_ELEMS, check_kind
 
 CHECKPOINT_KEY = "hslite_compression"  # top-level checkpoint entry: {"world_size": N, "ranks": [state per rank]}
-
-
-# A barrier's deadline: the longest one rank may work alone (write a checkpoint) while the others wait.
-FENCE_TIMEOUT = timedelta(minutes=10)
-# Older torch releases have no per-call barrier timeout; there a barrier keeps the process group's deadline.
-FENCE_BARRIER_KWARGS: dict[str, Any] = (
-    {"timeout": FENCE_TIMEOUT} if "timeout" in inspect.signature(dist.barrier).parameters else {}
-)
 
 
 def gather_from_ranks(value: Any) -> list[Any]:
@@ -47,22 +38,6 @@ def gather_from_ranks(value: Any) -> list[Any]:
     values: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(values, value)
     return values
-
-
-class FencedBarrier:
-    """A barrier that waits FENCE_TIMEOUT, not the collectives' short deadline.
-
-    Lightning ends the phases where one rank works alone with a barrier: rank 0 writes a checkpoint
-    (`Trainer.save_checkpoint`), then every rank meets. With the process group's deadline (PROCESS_GROUP_TIMEOUT, kept
-    short so a stalled rank ends the job within a minute) a write longer than it would kill a healthy job; on GPUs
-    through NCCL's watchdog, which aborts the waiting ranks. The barrier goes over gloo on every device
-    (`trainer_args.process_group_backend`: torch picks a group's CPU backend for barriers), whose per-call timeout is
-    honoured and raises instead of aborting. A rank that dies during the write is still seen at once by the launcher.
-    """
-
-    def barrier(self, name: str | None = None) -> None:  # noqa: D102 - Lightning's hook, with a longer deadline
-        if dist.is_available() and dist.is_initialized():
-            dist.barrier(**FENCE_BARRIER_KWARGS)
 
 
 def _destroy_default_group() -> None:
@@ -90,7 +65,10 @@ class DestroyedAtExit:
 
 
 class FencedDDPStrategy(DestroyedAtExit, FencedBarrier, DDPStrategy):
-    """Lightning's DDPStrategy with fenced barriers (FencedBarrier), its group destroyed at exit (DestroyedAtExit)."""
+    """Lightning's DDPStrategy with phase deadlines and fenced barriers, its group destroyed at exit.
+
+    `deadlines=` sets the phases' deadlines (`deadlines.FencedBarrier`); `DestroyedAtExit` says why the group goes.
+    """
 
 
 class CompressedDDPStrategy(FencedDDPStrategy):

@@ -9,6 +9,8 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 
+from hslite.parallel.host_reduce import max_over_ranks
+
 
 class TrainThroughput(pl.Callback):
     """Time per training batch, logged so it survives spawned ranks (their callbacks die with them).
@@ -71,5 +73,5 @@ class TrainThroughput(pl.Callback):
         # too: trainer_args.process_group_backend), on every rank in the same order: logged with sync_dist, the max
         # would be taken lazily, by whoever reads the metrics first, and the progress bar reads them on rank 0 alone,
         # which then waits in an all-reduce the other ranks never join.
-        values = trainer.strategy.reduce(values, reduce_op="max")
+        values = max_over_ranks(values)
         module.log_dict({f"perf/{name}": float(value) for name, value in zip(names, values, strict=True)})

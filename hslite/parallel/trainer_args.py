@@ -5,21 +5,26 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 from hslite.parallel.box import threads_per_process
+from hslite.parallel.deadlines import DEFAULT_DEADLINES, Deadlines
 from hslite.parallel.plan import Plan
 
 
 def trainer_kwargs(
-    plan: Plan, progress: bool = True, deterministic: bool = False, launched: bool = False
+    plan: Plan,
+    progress: bool = True,
+    deterministic: bool = False,
+    launched: bool = False,
+    deadlines: Deadlines = DEFAULT_DEADLINES,
 ) -> dict[str, Any]:
     """Lightning Trainer arguments for a Plan: accelerator, devices, strategy, precision, accumulation, callbacks.
 
     Several ranks run Lightning DDP launched by spawning: `fit` stays a library call whose process holds the data and
     the reports, and the trained weights come back to it. `launched`: a launcher started every rank
-    (`parallel.launched`), so none is spawned. CPU ranks use gloo with cores ÷ N threads each.
+    (`parallel.launched`), so none is spawned. CPU ranks use gloo with cores ÷ N threads each. `deadlines`: how long
+    the ranks' process group waits at start-up, in a collective and at a fence (`deadlines.py`).
     """
     from lightning.pytorch.callbacks import RichProgressBar
 
@@ -35,9 +40,9 @@ def trainer_kwargs(
         "strategy": "auto",
     }
     if plan.world_size > 1 and plan.fsdp:
-        kwargs["strategy"] = _sharded_strategy(plan, launched)
+        kwargs["strategy"] = _sharded_strategy(plan, launched, deadlines)
     elif plan.world_size > 1:
-        kwargs["strategy"] = _ddp_strategy(plan, launched)
+        kwargs["strategy"] = _ddp_strategy(plan, launched, deadlines)
         if plan.compression_enabled:
             from hslite.parallel.compression_guard import CompressionGuard
 
@@ -51,14 +56,6 @@ def trainer_kwargs(
     return kwargs
 
 
-# Every collective's deadline, and on GPUs NCCL's watchdog limit (a collective it times out aborts the waiting ranks,
-# SIGABRT). A stalled rank ignores the launcher's SIGTERM and is killed 30 s later, so the job ends about 15 + 30 s
-# after the stall (48 s measured here, 54.6 s with 20 s), within the minute on a loaded box (rank_watch.py). A
-# training step or a validation must not keep one rank from the others longer than this; the phases where one rank
-# works alone (rank 0 writing a checkpoint) end in a barrier, which waits longer (strategies.FENCE_TIMEOUT).
-PROCESS_GROUP_TIMEOUT = timedelta(seconds=15)
-
-
 def process_group_backend(accelerator: str) -> str:
     """The torch.distributed backend of a plan's process groups: gloo on CPU; on GPUs NCCL and gloo, by tensor device.
 
@@ -68,27 +65,29 @@ def process_group_backend(accelerator: str) -> str:
     GPU would add a host-device sync for figures that live on the host. With "cpu:gloo,cuda:nccl" every tensor goes
     where it lives: gradients, tokens and FSDP shards over NCCL, host figures over gloo; object collectives and
     barriers take gloo too (torch picks "cpu" for them when a group has it), so they allocate no CUDA memory, and
-    a barrier's deadline is gloo's, not NCCL's watchdog's. Sub-groups (DeviceMesh, `new_group`) inherit the pair.
+    Sub-groups (DeviceMesh, `new_group`) inherit the pair. Barriers do not: Lightning binds the group to the rank's
+    GPU, and torch sends a bound group's barrier over the bound device (NCCL); hslite's fences have a gloo group of
+    their own (`deadlines.fence`).
     """
     return "gloo" if accelerator == "cpu" else "cpu:gloo,cuda:nccl"
 
 
-def _sharded_strategy(plan: Plan, launched: bool) -> Any:
+def _sharded_strategy(plan: Plan, launched: bool, deadlines: Deadlines) -> Any:
     from hslite.parallel.fsdp import ShardedStrategy
 
     backend = process_group_backend(plan.accelerator)
     replicas = plan.num_nodes if plan.hybrid_shard else 1
-    return ShardedStrategy(plan.world_size, plan.precision, backend, PROCESS_GROUP_TIMEOUT, spawn=not launched,
-                           replicas=replicas)  # fmt: skip
+    return ShardedStrategy(plan.world_size, plan.precision, backend, spawn=not launched, replicas=replicas,
+                           deadlines=deadlines)  # fmt: skip
 
 
-def _ddp_strategy(plan: Plan, launched: bool) -> Any:
+def _ddp_strategy(plan: Plan, launched: bool, deadlines: Deadlines) -> Any:
     from hslite.parallel.strategies import FencedDDPStrategy
 
     options: dict[str, Any] = {
         "start_method": "popen" if launched else "spawn",  # "popen" starts no process where the launcher did
         "process_group_backend": process_group_backend(plan.accelerator),
-        "timeout": PROCESS_GROUP_TIMEOUT,
+        "deadlines": deadlines,
     }
     if plan.rotation_enabled or plan.chag_enabled:
         # A band group's own parameters go unused in a step that leaves it out, or on a rank that does not own it.

@@ -27,6 +27,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from hslite.parallel.fsdp import ShardedStrategy
+from hslite.parallel.host_reduce import max_over_ranks
 from hslite.parallel.wire_format import fsdp_wire_bytes, wire_bytes
 
 SAMPLED_STEPS = 3  # step 1 allocates the optimiser state; steps 2-3 are the steady layout
@@ -133,7 +134,7 @@ class RankUsage(pl.Callback):
             [self.peak_bytes if measured else math.nan, self.counted_bytes / steps, self.computed_bytes / steps],
             dtype=torch.float64,
         )
-        values = trainer.strategy.reduce(values, reduce_op="max")  # on every rank in the same order, as timing.py
+        values = max_over_ranks(values)  # on every rank in the same order, as timing.py
         module.log_dict({f"usage/{name}": float(value) for name, value in zip(NAMES, values, strict=True)})
 
 

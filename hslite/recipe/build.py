@@ -18,6 +18,7 @@ from hslite.models import get_model, has_band_groups
 from hslite.models.band_groups import spectral_band_groups
 from hslite.models.pretrained import load_pretrained
 from hslite.parallel.box import resolve_accelerator
+from hslite.parallel.deadlines import Deadlines
 from hslite.parallel.plan import Plan
 from hslite.parallel.rotation import DEFAULT_GROUPS, RotationSchedule, check_rotation
 from hslite.recipe.schema import Config
@@ -42,6 +43,11 @@ def plan_from_config(cfg: Config) -> Plan:
         tf32=p.tf32,
         cudnn_benchmark=p.cudnn_benchmark and not cfg.train.deterministic,  # cuDNN's timing picks kernels by chance
     ).validate()
+
+
+def deadlines_from_config(cfg: Config) -> Deadlines:
+    """The phase deadlines a recipe sets (parallel.deadlines.*) for the process groups and watch of its ranks."""
+    return Deadlines(**vars(cfg.parallel.deadlines))
 
 
 # The Plan fields a recipe sets under parallel.* (its per-device batch is data.batch_size).

@@ -6,7 +6,10 @@ A recipe can only set fields that exist here, and every value is type-checked ag
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, is_dataclass
+import inspect
+import re
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from typing import Any
 
 from hslite.datasets.preprocess import NORMALISATIONS
 from hslite.datasets.splits import SPLIT_KINDS
@@ -104,6 +107,24 @@ class TrainConfig:
 
 
 @dataclass
+class DeadlinesConfig:
+    """Seconds a multi-process run waits in each phase before it is ended (`hslite/parallel/deadlines.py`)."""
+
+    # every collective after start-up; on GPUs also NCCL's watchdog limit (passed: SIGABRT of every rank), so long
+    # enough for legitimate skew (cuDNN autotuning, the last smaller batch, epoch-end work); hangs are the stall's
+    collective: float = ranged(600.0, POSITIVE)
+    # every rank reaches the rendezvous and builds the first communicator (passed: each rank raises, saying how long
+    # it waited); ranks start one after another, each importing torch and Lightning
+    startup: float = ranged(600.0, POSITIVE)
+    # a barrier after one rank's solo work (a checkpoint, an evaluation, a map), over gloo on every device (passed:
+    # every rank raises, rank 0 naming the ranks that did not come)
+    fence: float = ranged(1800.0, POSITIVE)
+    # a spawned rank that shows no heartbeat this long (frozen: stopped, a GIL held, swapping) is ended and named, and
+    # the job stops (a launcher's ranks: the collective deadline does it)
+    stall: float = ranged(30.0, POSITIVE)
+
+
+@dataclass
 class ParallelConfig:
     """The layout over devices; validated as a Plan before any process starts."""
 
@@ -125,6 +146,7 @@ class ParallelConfig:
     # the devices present (the layout above is only where the search starts), because which trick pays depends on
     # the model and the box, and the pre-flight has measured both (recipe/auto_plan.py; plan_choice.json says why)
     plan: str = "manual"
+    deadlines: DeadlinesConfig = field(default_factory=DeadlinesConfig)
 
 
 @dataclass
@@ -199,11 +221,35 @@ def check_config(cfg: Config) -> Config:
 
 def valid_keys(cls: type = Config, prefix: str = "") -> list[str]:
     """Every dotted key a recipe or override may set."""
-    keys = []
+    return [key for key, _, _ in described_keys(cls, prefix)]
+
+
+def described_keys(cls: type = Config, prefix: str = "") -> list[tuple[str, Any, str]]:
+    """(dotted key, default, why) of every key a recipe or override may set; why is the field's comment above."""
+    notes = _field_comments(cls)
+    keys: list[tuple[str, Any, str]] = []
     for f in fields(cls):
         sub = f.default_factory if is_dataclass(f.default_factory) else None  # type: ignore[misc]
         if sub is not None:
-            keys += valid_keys(sub, f"{prefix}{f.name}.")  # type: ignore[arg-type]
+            keys += described_keys(sub, f"{prefix}{f.name}.")  # type: ignore[arg-type]
         else:
-            keys.append(prefix + f.name)
+            default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+            keys.append((prefix + f.name, default, notes.get(f.name, "")))
     return keys
+
+
+def _field_comments(cls: type) -> dict[str, str]:
+    """Each field's comment in this file (the lines above it and the one after it), so the schema says it once."""
+    notes: dict[str, str] = {}
+    above: list[str] = []
+    for line in inspect.getsourcelines(cls)[0]:
+        text = line.strip()
+        if text.startswith("#"):
+            above.append(text.lstrip("# "))
+            continue
+        name = re.match(r"(\w+): ", text)
+        if name:
+            trailing = text.partition("  # ")[2]
+            notes[name[1]] = " ".join([*above, trailing] if trailing else above)
+        above = []
+    return notes

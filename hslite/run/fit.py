@@ -28,13 +28,13 @@ from hslite.parallel.box import check_visible
 from hslite.parallel.launched import LaunchedJob, launched_job
 from hslite.parallel.plan import Plan
 from hslite.parallel.rank_setup import quiet_lightning
-from hslite.parallel.rank_watch import RankActivity, launched_failure, rank_failure
+from hslite.parallel.rank_watch import RankActivity, watched_ranks
 from hslite.parallel.timing import TrainThroughput
-from hslite.parallel.trainer_args import PROCESS_GROUP_TIMEOUT, process_group_backend, trainer_kwargs
+from hslite.parallel.trainer_args import process_group_backend, trainer_kwargs
 from hslite.parallel.usage import RankUsage
 from hslite.preflight.topology import Topology, max_cross_node_ratio
 from hslite.preflight.verdict import Verdict
-from hslite.recipe.build import build_task, plan_from_config, prepared_datamodule
+from hslite.recipe.build import build_task, deadlines_from_config, plan_from_config, prepared_datamodule
 from hslite.recipe.config import to_yaml
 from hslite.recipe.schema import Config
 from hslite.run.checkpoints import AtomicCheckpointIO, BestCheckpoint, LastCheckpoint, load_weights, read_checkpoint
@@ -115,7 +115,7 @@ def fit(cfg: Config) -> RunResult:
     With parallel.plan=auto the plan is chosen first (`auto_plan.choose_plan`) and the chosen config is what runs.
     Under torchrun or srun every rank calls `fit` (`parallel.launched`, `run.launched_run`): each returns the run.
     """
-    job = launched_job()
+    job = launched_job(deadlines_from_config(cfg))
     choice = None
     if cfg.parallel.plan == "auto" and job is not None:
         raise ConfigError(
@@ -131,7 +131,7 @@ def fit(cfg: Config) -> RunResult:
     plan = check_visible(plan_from_config(cfg), launched=job is not None)
     if job is not None:
         job.check(plan)
-        job.join(process_group_backend(plan.accelerator), PROCESS_GROUP_TIMEOUT)
+        job.join(process_group_backend(plan.accelerator))
     quiet_lightning()
     keep_freed_memory()
     pl.seed_everything(cfg.train.seed, workers=True, verbose=False)
@@ -219,14 +219,8 @@ def _train_and_evaluate(
     trainer, checkpoint = _trainer(cfg, plan, datamodule, run, last, launched=job is not None)
     resume_from = None if last is None else run.path / "checkpoints" / LAST  # Lightning restores from the bytes read
     wall_start = time.perf_counter()
-    try:
+    with watched_ranks(trainer, run.path / "ranks", deadlines_from_config(cfg), job):
         trainer.fit(task, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)  # whatever the strategy
-    except Exception as err:
-        ranks = run.path / "ranks"
-        failed = rank_failure(err, trainer, ranks) if job is None else launched_failure(err, job.global_rank, ranks)
-        if failed is None:
-            raise
-        raise failed from None
     train_seconds = time.perf_counter() - wall_start
     task = whole_task(trainer, task, job, plan, lambda: build_task(cfg, plan, datamodule))
     leader = job is None or job.leader
@@ -271,7 +265,9 @@ def _trainer(
     if cfg.output.save_checkpoint:
         checkpoint = BestCheckpoint(work_dir / "checkpoints")
         callbacks += [checkpoint, LastCheckpoint(last_path, cfg.output.checkpoint_every_n_epochs)]
-    kwargs = trainer_kwargs(plan, progress=cfg.train.progress, deterministic=cfg.train.deterministic, launched=launched)
+    kwargs = trainer_kwargs(
+        plan, cfg.train.progress, cfg.train.deterministic, launched=launched, deadlines=deadlines_from_config(cfg)
+    )
     callbacks += kwargs.pop("callbacks", [])
     steps_per_epoch = max(1, len(datamodule.train_dataloader()) // plan.dp)
     if cfg.train.limit_train_batches > 1:

@@ -21,9 +21,10 @@ import lightning.pytorch as pl
 from hslite.datasets.datamodule import HSIDataModule
 from hslite.parallel.launched import LaunchedJob
 from hslite.parallel.plan import Plan
+from hslite.parallel.rank_watch import RankActivity, watched_ranks
 from hslite.parallel.timing import TrainThroughput
 from hslite.parallel.trainer_args import trainer_kwargs
-from hslite.recipe.build import build_task
+from hslite.recipe.build import build_task, deadlines_from_config
 from hslite.recipe.schema import Config
 from hslite.run.checkpoints import AtomicCheckpointIO
 from hslite.run.evaluate import batch_limit
@@ -48,9 +49,12 @@ def refit(
     pl.seed_everything(cfg.train.seed, workers=True, verbose=False)
     datamodule.train_on_validation_too()
     task = build_task(cfg, plan, datamodule)
-    kwargs = trainer_kwargs(plan, progress=cfg.train.progress, deterministic=cfg.train.deterministic,
-                            launched=job is not None)  # fmt: skip
+    deadlines = deadlines_from_config(cfg)
+    kwargs = trainer_kwargs(plan, cfg.train.progress, cfg.train.deterministic, launched=job is not None,
+                            deadlines=deadlines)  # fmt: skip
     callbacks = [*kwargs.pop("callbacks", []), TrainThroughput(), TrainingState(flat_config(cfg))]
+    if plan.world_size > 1:
+        callbacks.append(RankActivity(run_dir / "ranks"))
     trainer = pl.Trainer(
         **kwargs,
         max_epochs=epochs,
@@ -65,7 +69,8 @@ def refit(
         plugins=[AtomicCheckpointIO(None)],
     )
     start = time.perf_counter()
-    trainer.fit(task, datamodule=datamodule)
+    with watched_ranks(trainer, run_dir / "ranks", deadlines, job):
+        trainer.fit(task, datamodule=datamodule)
     seconds = time.perf_counter() - start
     task = whole_task(trainer, task, job, plan, lambda: build_task(cfg, plan, datamodule))
     if cfg.output.save_checkpoint:

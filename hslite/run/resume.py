@@ -11,6 +11,7 @@ with the metrics of an uninterrupted one (CPU, same seed).
 from __future__ import annotations
 
 import re
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +19,12 @@ from omegaconf import OmegaConf
 
 from hslite.errors import ConfigError, DataError
 from hslite.recipe.config import load_config, parse_overrides
-from hslite.recipe.schema import Config
+from hslite.recipe.schema import Config, DeadlinesConfig
 
 # Keys that may differ between the run and its resumption: none changes what is trained or how.
-HARMLESS_KEYS = ("resume", "train.progress", "preflight.enabled", "preflight.enforce", "preflight.fresh")
+# A run that a deadline ended is continued with a longer one: deadlines change when, not what, it trains.
+HARMLESS_KEYS = ("resume", "train.progress", "preflight.enabled", "preflight.enforce", "preflight.fresh",
+                 *(f"parallel.deadlines.{f.name}" for f in fields(DeadlinesConfig)))  # fmt: skip
 _STAMP = re.compile(r"^\d{8}-\d{6}-\d{6}(-\d+)?(\.incomplete|\.failed)?$")
 LAST = "last.ckpt"
 

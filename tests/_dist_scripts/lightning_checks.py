@@ -9,7 +9,6 @@ Ranks are forked by Lightning's multiprocessing launcher (start_method="fork"), 
 Each rank writes what it saw under OUT_DIR (residuals as .pt, the rest as JSON); the test compares.
 """
 
-import datetime
 import json
 import sys
 from pathlib import Path
@@ -22,6 +21,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from hslite.parallel.compression_guard import CompressionGuard
+from hslite.parallel.deadlines import Deadlines
 from hslite.strategies import CompressedDDPStrategy  # the public place a user imports it from
 
 SCRIPTED_OA = [0.80, 0.85, 0.83, 0.845, 0.80]  # drops of 2.0 and 4.5 points against the best, tolerance 1.0
@@ -97,7 +97,7 @@ class Recorder(Callback):
 
 def trainer(out: Path, fit: str, max_steps: int, callbacks: list, **kwargs) -> pl.Trainer:
     strategy = CompressedDDPStrategy(
-        "int8", bucket_cap_mb=0.01, start_method="fork", timeout=datetime.timedelta(seconds=60)
+        "int8", bucket_cap_mb=0.01, start_method="fork", deadlines=Deadlines(collective=60)
     )
     return pl.Trainer(
         accelerator="cpu",
