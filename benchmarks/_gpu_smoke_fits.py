@@ -1,6 +1,6 @@
-"""Sections of benchmarks/gpu_smoke.py that train through Lightning: (b) fits through hslite and its strategies on
-one device, (e) `hslite compare` rows measured on the device: the probe's and a device profile's predictions against
-them. Lines as in _gpu_smoke_sections.py.
+"""Sections of benchmarks/gpu_smoke.py that train through Lightning: (e) `hslite compare` rows measured on the device,
+the probe's and a device profile's predictions against them; (b) the int8 hook's arithmetic on the device, and fits
+through hslite and its strategies on one device. Lines as in _gpu_smoke_sections.py.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 import torch.distributed as dist
-from _gpu_smoke_sections import Context, SmokeFailure, checking, report
+from _gpu_smoke_sections import Context, SmokeFailure, check_environment, checking, report
+from gpu_smoke import ONE_GPU
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
@@ -29,16 +30,16 @@ from hslite.recipe.schema import Config
 from hslite.run.checkpoints import load_weights
 from hslite.run.training_state import TrainingState
 
-ONE_DEVICE = "one device: Lightning's SingleDeviceStrategy (hslite starts DDP only for ≥ 2 ranks)"
+# b's fits check training, not the pre-flight (e's) nor the refit, which would train each a second time.
+FIT_ONLY = ("preflight.enabled=false", "train.refit=false")
 # Deterministic kernels, flips and small batches: every epoch draws a shuffle and flips a resume must reproduce.
 REPEATABLE = ("train.deterministic=true", "train.max_epochs=3", "data.augment=true", "data.patch_size=3",
-              "data.batch_size=16", "preflight.enabled=false")  # fmt: skip
+              "data.batch_size=16", *FIT_ONLY)  # fmt: skip
 CALIBRATION_NOTE = (
     "×: measured / predicted. The e and launch_us 'to match' assume the step's device time is all FLOPs, or all "
     "kernel launches (docs/design.md, what-if). 32-true fits run with TF32 on (parallel.tf32), which the profile "
     "prices at plain FP32: their e to match overstates the FP32 efficiency."
 )
-CALIBRATED = {"fp32": "32-true", "bf16_mixed": "bf16-mixed", "16_mixed": "16-mixed"}  # (e)'s rows, as b's tags
 SCORES = ("OA", "AA", "kappa", "per_class_accuracy", "confusion_matrix", "optimizer_steps", "train_samples")
 
 
@@ -92,35 +93,65 @@ def _crash_at_epoch(epoch: int) -> Iterator[None]:
         del TrainingState.on_train_epoch_start  # Callback's own (empty) hook again
 
 
-def check_fits(ctx: Context) -> None:
-    """(b) `hslite fit` on one device in every precision, bitwise repeatable, and resumed equal to uninterrupted."""
-    runs: dict[str, str] = {}
-    plans = {
-        "fp32": (["parallel.precision=32-true", "output.save_map=true"], ONE_DEVICE),
-        "bf16_mixed": (["parallel.precision=bf16-mixed"], "one device, as b.fp32; parallel.compression=int8 needs ≥ "
-                       "2 DDP ranks, so a one-device fit never runs the hook (b.int8_ws1 and c.int8_hook do)"),
-        "16_mixed": (["parallel.precision=16-mixed"], "one device, as b.fp32" + (", with a gradient scaler" if ctx.cuda
-                     else "; on a CPU Lightning runs it as bf16")),
-    }  # fmt: skip
-    for tag, (overrides, note) in plans.items():
-        with checking(f"b.{tag}"):
-            run = _fit(ctx, tag, [*_quick(ctx), "train.max_epochs=2", "output.save_map=false", *overrides])
-            m = _metrics(run)
-            runs[tag] = str(run)
-            report("PASS", f"b.{tag}", f"{m['plan_that_ran']}: {m['optimizer_steps']} steps, "
-                   f"{m['train_samples_per_second']:,.0f} samples/s, test OA {m['OA']:.1%}; {note}")  # fmt: skip
-    for figure in ("confusion.png", "map.png"):
-        if "fp32" in runs and (Path(runs["fp32"]) / figure).is_file():
-            shutil.copy(Path(runs["fp32"]) / figure, ctx.out / figure)
+def check_int8(ctx: Context) -> None:
+    """(b) The int8 hook's quantise, pack and dequantise on the device against the CPU's: what one rank can check."""
+    from hslite.parallel.compression import _pack, _quantise, _scales
 
-    repeatable = [*_quick(ctx), *REPEATABLE, "output.save_map=false"]
+    chunks, chunk = 64, 2048
+    generator = torch.Generator().manual_seed(0)
+    # chunks of 1e-6 to 1e2, as a bucket's layers differ, and one all-zero chunk, whose scale is 0
+    x = torch.randn(chunks, chunk, generator=generator) * torch.logspace(-6, 2, chunks).unsqueeze(-1)
+    x[5] = 0
+    with checking("b.int8_round_trip"):
+        sent, received = {}, {}
+        for device in dict.fromkeys([torch.device("cpu"), ctx.device]):
+            codes, scales = _quantise(x.to(device))
+            message = _pack(codes.view(1, -1), scales.view(1, -1))  # one destination's row of the all-to-all
+            back = torch.mul(message[:, : x.numel()].view(chunks, chunk), _scales(message, x.numel()).view(chunks, 1))
+            sent[device.type], received[device.type] = message.cpu(), back.cpu()
+        step = x.abs().amax(dim=-1, keepdim=True) / 127
+        worst = float(((x - received[ctx.device.type]).abs() / step.clamp_min(1e-30)).max())
+        if worst > 0.5 + 1e-4:  # rounding to the nearest code: half a step at most
+            raise SmokeFailure(f"{ctx.device.type} dequantised {worst:.3g} steps from the input (at most 0.5)")
+        differ = {what: int((got[ctx.device.type] != got["cpu"]).sum()) for what, got in (("message bytes", sent),
+                  ("dequantised values", received))}  # fmt: skip
+        if any(differ.values()):
+            raise SmokeFailure(f"{ctx.device.type} and the CPU differ in " + ", ".join(f"{n} {w}" for w, n in
+                               differ.items() if n))  # fmt: skip
+        against = "bitwise the CPU's" if ctx.cuda else "on the CPU alone (--dry-run)"
+        report("PASS", "b.int8_round_trip", f"{x.numel():,} values in {chunks} chunks of 1e-6 to 1e2 and a zero "
+               f"one, quantised, packed and dequantised on {ctx.device}: within {worst:.2f} of a step, "
+               f"{against}")  # fmt: skip
+    one_gpu = ctx.cuda and torch.cuda.device_count() == 1
+    why = ONE_GPU if one_gpu else "--dry-run: no NCCL here" if ctx.dry_run else "this smoke runs one NCCL rank"
+    report("SKIP", "b.int8_nccl", f"{why}, and at world size 1 the hook returns the bucket without a collective: its "
+           "int8 all-to-all and all-gather are not checked over NCCL (c.int8_hook runs them over gloo on two "
+           "processes)")  # fmt: skip
+
+
+def check_fits(ctx: Context) -> None:
+    """(b) `hslite fit` on one device in 16-mixed, bitwise repeatable, and resumed equal to uninterrupted."""
+    with checking("b.16_mixed"):  # 32-true and bf16-mixed fits are e's rows
+        run = _fit(ctx, "16_mixed", [*_quick(ctx), "train.max_epochs=2", "output.save_map=false",
+                                     "parallel.precision=16-mixed", *FIT_ONLY])  # fmt: skip
+        m = _metrics(run)
+        scaler = "with a gradient scaler" if ctx.cuda else "on a CPU Lightning runs it as bf16"
+        report("PASS", "b.16_mixed", f"{m['plan_that_ran']}: {m['optimizer_steps']} steps, "
+               f"{m['train_samples_per_second']:,.0f} samples/s, test OA {m['OA']:.1%}; one device, "
+               f"{scaler}")  # fmt: skip
+
+    repeatable = [*_quick(ctx), *REPEATABLE, "output.save_map=true"]
     first = None
     with checking("b.deterministic"):
-        first = _scores(_fit(ctx, "deterministic_1", repeatable))
+        run = _fit(ctx, "deterministic_1", repeatable)
+        for figure in ("confusion.png", "map.png"):
+            if (run / figure).is_file():
+                shutil.copy(run / figure, ctx.out / figure)
+        first = _scores(run)
         if differences := _differences(first, _scores(_fit(ctx, "deterministic_2", repeatable))):
             raise SmokeFailure(f"two fits of one seed differ: {differences}")
-        report("PASS", "b.deterministic", "train.deterministic=true, one seed, 3 epochs of flips and shuffles: two "
-               "fits end with bitwise-identical test scores and weights")  # fmt: skip
+        report("PASS", "b.deterministic", "train.deterministic=true, one seed, 3 epochs of flips and shuffles in "
+               "32-true: two fits end with bitwise-identical test scores and weights")  # fmt: skip
     with checking("b.resume"):
         if first is None:
             raise SmokeFailure("no uninterrupted run to compare with (b.deterministic failed)")
@@ -179,34 +210,34 @@ def _fit_with(ctx: Context, cfg: Config, precision: str, strategy: Any) -> dict[
 
 
 def check_strategies(ctx: Context) -> None:
-    """(b) hslite's DDP, int8-compressed DDP and FSDP2 strategies, built as fit builds them, at world size 1."""
+    """(b) hslite's int8-compressed DDP and FSDP2 strategies, built as fit builds them, at world size 1."""
 
     from hslite.parallel.fsdp import ShardedStrategy
-    from hslite.parallel.strategies import CompressedDDPStrategy, FencedDDPStrategy
-    from hslite.parallel.trainer_args import PROCESS_GROUP_TIMEOUT, process_group_backend
+    from hslite.parallel.strategies import CompressedDDPStrategy
+    from hslite.parallel.trainer_args import process_group_backend
 
     backend = process_group_backend(ctx.accelerator)
     cfg = load_config("quickstart", [*_quick(ctx), "preflight.enabled=false"])
     # hslite spawns its DDP ranks; at one rank "popen" starts none and trains in this process, which keeps the
     # process group's lifetime here. ShardedStrategy spawns its rank, as in every FSDP fit.
-    common = {"process_group_backend": backend, "timeout": PROCESS_GROUP_TIMEOUT, "start_method": "popen"}
-    runs: dict[str, tuple[str, Callable[[], Any], str, str]] = {  # precision, strategy, evidence, what it shows
-        "ddp_ws1": ("32-true", lambda: FencedDDPStrategy(**common), "smoke/ddp_wrapped",
-                    "hslite's DDP strategy (fenced barriers, backend, timeout): the model trained wrapped in DDP"),
-        "int8_ws1": ("bf16-mixed", lambda: CompressedDDPStrategy("int8", **common), "smoke/int8_calls",
-                     "CompressedDDPStrategy('int8') in bf16-mixed: {value:.0f} int8 hook call(s) on one rank (its "
-                     "all-to-all and all-gather move nothing between ranks; two ranks: c.int8_hook)"),
-        "fsdp2_ws1": ("bf16-mixed", lambda: ShardedStrategy(1, "bf16-mixed", backend, PROCESS_GROUP_TIMEOUT),
-                      "smoke/sharded_params", "ShardedStrategy (FSDP2 fully_shard, spawned) in bf16-mixed: {value:.0f} "
-                      "of {params:.0f} parameters trained as DTensors; hslite's fit uses it for ≥ 2 ranks only"),
+    ddp = {"process_group_backend": backend, "start_method": "popen"}
+    runs: dict[str, tuple[Callable[[], Any], tuple[str, ...], str]] = {  # strategy, evidence, what it shows
+        "ddp_int8_ws1": (lambda: CompressedDDPStrategy("int8", **ddp), ("smoke/ddp_wrapped", "smoke/int8_calls"),
+                         "CompressedDDPStrategy('int8'), hslite's DDP with its hook registered on every device: the "
+                         "model trained wrapped in DDP, {int8_calls:.0f} hook call(s), each returning its bucket "
+                         "unsent at one rank"),
+        "fsdp2_ws1": (lambda: ShardedStrategy(1, "bf16-mixed", backend), ("smoke/sharded_params",),
+                      "ShardedStrategy (FSDP2 fully_shard, spawned): {sharded_params:.0f} of {params:.0f} "
+                      "parameters trained as DTensors; hslite's fit uses it for ≥ 2 ranks only"),
     }  # fmt: skip
-    for tag, (precision, strategy, evidence, shows) in runs.items():
+    for tag, (strategy, evidence, shows) in runs.items():
         with checking(f"b.{tag}"):
-            metrics = _fit_with(ctx, cfg, precision, strategy())
-            if metrics[evidence] <= 0:
-                raise SmokeFailure(f"{evidence} is {metrics[evidence]}: the strategy did not act on the model")
-            shown = shows.format(value=metrics[evidence], params=metrics["smoke/params"])
-            report("PASS", f"b.{tag}", f"{shown}; {ctx.device} over {backend!r}, loss {metrics['train/loss']:.3f}")
+            metrics = _fit_with(ctx, cfg, "bf16-mixed", strategy())
+            if idle := [key for key in evidence if metrics[key] <= 0]:
+                raise SmokeFailure(f"{', '.join(idle)} is 0: the strategy did not act on the model")
+            shown = shows.format(**{key.removeprefix("smoke/"): value for key, value in metrics.items()})
+            report("PASS", f"b.{tag}", f"{shown}; bf16-mixed on {ctx.device} over {backend!r}, loss "
+                   f"{metrics['train/loss']:.3f}")  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------------ (e) calibration
@@ -247,35 +278,37 @@ def _calibrate(run: Path, measured: CompareRow, profile: str) -> dict[str, Any]:
 
 
 def check_calibration(ctx: Context) -> None:
-    """(e) `hslite compare` rows on the device, the quickstart in each precision b fits and HybridSN, the compute-heavy
-    model whose step calibrates e: each measured step against the probe's prediction and the profile's roofline."""
-    tags = CALIBRATED if ctx.cuda else ("fp32",)  # a dry run's CPU step calibrates nothing: one row shows the path
-    rows = [RowSpec(tag, "quickstart", [*_quick(ctx), f"parallel.precision={CALIBRATED[tag]}"]) for tag in tags]
+    """(e) `hslite compare` rows on the device, each measured step against the probe's prediction and the profile's
+    roofline: the quickstart (small, launch-bound) in fp32, HybridSN (compute-heavy: its step calibrates e) and the
+    quickstart in bf16-mixed, in that order of value, each row's line printed as it is measured."""
+    quick = [*_quick(ctx), "parallel.precision=32-true"]
+    rows = [RowSpec("fp32", "quickstart", quick)]
     if ctx.cuda:
-        rows.append(RowSpec("hybridsn_bf16", "indian_pines_1gpu", ["data.scene=synthetic_indian_pines",
-                            "model.name=hybridsn", "data.pca_components=30", "data.patch_size=25",  # the paper's input
-                            "parallel.accelerator=gpu", "parallel.precision=bf16-mixed"]))  # fmt: skip
-    else:
+        rows += [RowSpec("hybridsn_bf16", "indian_pines_1gpu", ["data.scene=synthetic_indian_pines",
+                         "model.name=hybridsn", "data.pca_components=30", "data.patch_size=25",  # the paper's input
+                         "parallel.accelerator=gpu", "parallel.precision=bf16-mixed"]),
+                 RowSpec("bf16_mixed", "quickstart", [*_quick(ctx), "parallel.precision=bf16-mixed"])]  # fmt: skip
+    else:  # a dry run's CPU step calibrates nothing: one row shows the path
         report("SKIP", "e.hybridsn_fit", "--dry-run: HybridSN at patch 25 (the compute-heavy model that calibrates "
                "e) takes minutes per epoch on a CPU; e.fp32 alone shows the path")  # fmt: skip
-    options = CompareOptions(rows, [f"output.root={ctx.work / 'compare'}"], measure=True,
-                             steps=DEFAULT_STEPS if ctx.cuda else 5, reference=False)  # fmt: skip
-    measured, folder = run_compare(options, progress=print)  # progress goes to smoke.log
     profile = "h200"
     if ctx.cuda:
         from hslite.preflight.device_profile import device_for_gpu
 
         profile = device_for_gpu(torch.cuda.get_device_name(0)) or profile
-    calibrations = []
-    for fit in measured:
-        with checking(f"e.{fit.label}"):
+    calibrations: list[dict[str, Any]] = []
+    for spec in rows:
+        with checking(f"e.{spec.label}"):
+            options = CompareOptions([spec], [f"output.root={ctx.work / 'compare'}"], measure=True,
+                                     steps=DEFAULT_STEPS if ctx.cuda else 5, reference=False)  # fmt: skip
+            (fit,), folder = run_compare(options, progress=print)  # progress goes to smoke.log
             if fit.measured_step_seconds is None:
                 raise SmokeFailure(f"the compare row was not measured: {fit.failure}")
             row = _calibrate(folder / str(fit.run_dir), fit, profile)
             calibrations.append({"fit": fit.label, **row})
+            ctx.save("calibration", {"profile": profile, "rows": calibrations, "note": CALIBRATION_NOTE})
             dry = " [dry run: a CPU step against a GPU profile means nothing; the path runs]"
             report("PASS", f"e.{fit.label}", _calibration_line(row) + ("" if ctx.cuda else dry))
-    ctx.save("calibration", {"profile": profile, "rows": calibrations, "note": CALIBRATION_NOTE})
 
 
 def _calibration_line(row: dict[str, Any]) -> str:
@@ -298,6 +331,6 @@ def _calibration_line(row: dict[str, Any]) -> str:
 
 
 PARTS: dict[str, tuple[Callable[[Context], None], ...]] = {
-    "b": (check_fits, check_strategies),
-    "e": (check_calibration,),
+    "e": (check_environment, check_calibration),  # the first section: the versions and the GPU open the log
+    "b": (check_int8, check_fits, check_strategies),
 }

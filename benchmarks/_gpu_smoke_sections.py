@@ -25,6 +25,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from gpu_smoke import ONE_GPU
 from torch import Tensor, nn
 
 MISSING_ON_THE_BOX = ("omegaconf", "platformdirs", "spectral", "rasterio")  # what the carried wheels bring
@@ -147,22 +148,46 @@ def check_environment(ctx: Context) -> None:
             report("PASS", "env.c_kernel", f"C patch gather built: {Path(patches._patchgather.__file__).name}")
 
 
-# ------------------------------------------------------------------------------------------------- (a) collectives
+# ---------------------------------------------------------------------------------------------- (a) fences, collectives
 def _served_by(device: torch.device) -> str:
     """The backend the default group hands a tensor of this device type to (ProcessGroupNCCL, ProcessGroupGloo)."""
     return type(dist.group.WORLD._get_backend(device)).__name__
 
 
-def check_collectives(ctx: Context) -> None:
-    """(a) Every collective hslite issues, in a one-rank group with hslite's own backend, on the device's tensors."""
-    from hslite.parallel.trainer_args import process_group_backend
+def check_fences(ctx: Context) -> None:
+    """(a) hslite's fence on a group bound to the device as Lightning binds it: over its own gloo group, not NCCL."""
+    from hslite.parallel.deadlines import fence_group
 
-    backend = process_group_backend(ctx.accelerator)
+    bound = dist.distributed_c10d._get_default_group().bound_device_id
+    with checking("a.bound_group"):
+        if not ctx.cuda:
+            report("SKIP", "a.bound_group", "--dry-run: torch binds a group to an accelerator only, so a barrier has "
+                   "no GPU to go over here; on the box the group is bound to cuda:0")  # fmt: skip
+        elif bound != ctx.device:
+            raise SmokeFailure(f"the group is bound to {bound}, not {ctx.device}: the fence checks below do not see "
+                               "what a Lightning rank's group does")  # fmt: skip
+        else:
+            report("PASS", "a.bound_group", f"bound to {bound}, as Lightning binds a rank's group: "
+                   f"a plain dist.barrier() takes the bound device first and goes over {_served_by(ctx.device)}, "
+                   "whose barrier ignores a deadline of its own")  # fmt: skip
+    with checking("a.fence_group"):
+        group = fence_group()  # what deadlines.fence waits on at ≥ 2 ranks (at one it returns before)
+        backend = dist.get_backend(group)
+        if backend != "gloo":
+            raise SmokeFailure(f"hslite's fence group has backend {backend!r}: its barrier would not be gloo's")
+        seconds = 10
+        start = perf_counter()
+        # monitored_barrier refuses any backend but gloo: this raises where the fence would go over NCCL
+        dist.monitored_barrier(group, timeout=timedelta(seconds=seconds), wait_all_ranks=True)
+        report("PASS", "a.fence_group", f"deadlines.fence_group() is a gloo group beside the default one (bound to "
+               f"{bound}); the fence's monitored_barrier on it took {(perf_counter() - start) * 1e3:.1f} ms under a "
+               f"{seconds} s deadline of its own")  # fmt: skip
+
+
+def check_collectives(ctx: Context) -> None:
+    """(a) Every collective hslite issues, in the bound one-rank group with hslite's own backend, on device tensors."""
+    backend = dist.get_backend()
     device = ctx.device
-    if device.type == "cuda":
-        torch.cuda.set_device(device)  # object collectives over NCCL use the current device
-    init = f"file://{ctx.work / 'a.init'}"
-    dist.init_process_group(backend, init_method=init, rank=0, world_size=1, timeout=timedelta(seconds=60))
     x = torch.arange(1.0, 9.0, device=device)
 
     def reduced(op: dist.ReduceOp) -> Tensor:
@@ -202,13 +227,6 @@ def check_collectives(ctx: Context) -> None:
         if gathered != [{"rank": 0, "step": 3}]:
             raise SmokeFailure(f"gathered {gathered}")
         report("PASS", "a.all_gather_object", f"a dict, backend {backend!r}")
-    with checking("a.barrier"):
-        from hslite.parallel.strategies import FENCE_BARRIER_KWARGS, FencedBarrier
-
-        start = perf_counter()
-        FencedBarrier().barrier()  # the fence every hslite strategy ends a rank's solo work with
-        fence = "with its own 10 min deadline" if FENCE_BARRIER_KWARGS else "this torch has no per-call barrier timeout"
-        report("PASS", "a.barrier", f"{(perf_counter() - start) * 1e3:.1f} ms, backend {backend!r}, {fence}")
     with checking("a.cpu_all_reduce_max"):
         host = torch.tensor([1.0, 5.0, 3.0])  # a host figure (timings, usage), as hslite reduces once an epoch
         dist.all_reduce(host, dist.ReduceOp.MAX)
@@ -216,7 +234,24 @@ def check_collectives(ctx: Context) -> None:
         if served != "ProcessGroupGloo" or host.tolist() != [1.0, 5.0, 3.0]:
             raise SmokeFailure(f"a CPU tensor went to {served} and came back {host.tolist()}; it should go over gloo")
         report("PASS", "a.cpu_all_reduce_max", f"CPU tensor on the same group, served by {served}")
-    dist.destroy_process_group()
+
+
+def check_bound_group(ctx: Context) -> None:
+    """(a) One rank's group as Lightning makes it on a GPU, bound to cuda:0: its fences, then its collectives."""
+    from hslite.parallel.trainer_args import process_group_backend
+
+    bound = {}
+    if ctx.cuda:
+        torch.cuda.set_device(ctx.device)  # object collectives over NCCL use the current device
+        bound["device_id"] = ctx.device  # Lightning's _init_dist_connection passes the rank's GPU
+    init = f"file://{ctx.work / 'a.init'}"
+    dist.init_process_group(process_group_backend(ctx.accelerator), init_method=init, rank=0, world_size=1,
+                            timeout=timedelta(seconds=60), **bound)  # fmt: skip
+    try:
+        check_fences(ctx)
+        check_collectives(ctx)
+    finally:
+        dist.destroy_process_group()
 
 
 # ----------------------------------------------------------------------------------------- (c) two ranks, one device
@@ -326,11 +361,10 @@ def _two_rank_worker(rank: int, ctx: Context) -> None:
 
 def check_two_ranks(ctx: Context) -> None:
     """(c) Two gloo ranks on one device: the int8 hook's and the token exchange's collectives across processes."""
-    if ctx.cuda:
-        gpus = torch.cuda.device_count()
-        report("SKIP", "c.nccl_two_ranks", f"NCCL needs one GPU per rank and refuses two ranks on one GPU ('duplicate "
-               f"GPU'); this box has {gpus}: the two ranks below share cuda:0 over gloo, which stages CUDA tensors "
-               "through host memory")  # fmt: skip
+    if ctx.cuda and torch.cuda.device_count() == 1:
+        report("SKIP", "c.nccl_two_ranks", f"{ONE_GPU} (NCCL refuses two ranks on one GPU, 'duplicate GPU'): the "
+               "int8 hook's and the token exchange's collectives are not run over NCCL; the two ranks below share "
+               "cuda:0 over gloo, which stages CUDA tensors through host memory")  # fmt: skip
     mp.spawn(_two_rank_worker, args=(ctx,), nprocs=2, join=True)
     ranks = [json.loads((ctx.work / f"c.rank{rank}.json").read_text()) for rank in range(2)]
     for name in ranks[0]:
@@ -396,7 +430,8 @@ def _data_rates(ctx: Context, recipe: str) -> dict[str, Any]:
     spec = get_scene_spec(cfg.data.scene)
     rows, cols, raw_bands = (24, 24, spec.shape[2]) if ctx.dry_run else spec.shape
     bands = cfg.data.pca_components or raw_bands - (len(spec.water_bands) if cfg.data.drop_water_bands else 0)
-    p, batch, seconds = cfg.data.patch_size, 8 if ctx.dry_run else cfg.data.batch_size, 0.05 if ctx.dry_run else 0.4
+    p, batch = cfg.data.patch_size, 8 if ctx.dry_run else cfg.data.batch_size
+    seconds = 0.05 if ctx.dry_run else 0.2  # per rate: 6 rates of 14 recipe shapes fit in d's limit
     rng = np.random.default_rng(0)
     padded = rng.random((rows + p - 1, cols + p - 1, bands), dtype=np.float32)  # the real scene is not on the box
     batches = [torch.from_numpy(np.stack([rng.integers(0, rows, batch), rng.integers(0, cols, batch)], 1))
@@ -453,7 +488,7 @@ def check_data_path(ctx: Context) -> None:
 
 
 PARTS: dict[str, tuple[Callable[[Context], None], ...]] = {
-    "a": (check_environment, check_collectives),
+    "a": (check_bound_group,),
     "c": (check_two_ranks,),
     "d": (check_data_path,),
 }
