@@ -140,7 +140,7 @@ class HSIDataModule(lightning.LightningDataModule):
         """
         state = self.__dict__.copy()
         state.update(_datasets={}, _scene=None, _split=None, _kept_bands=None, _normaliser=None, _pca=None)
-        state.update(_wavelengths=None, _num_bands=0, _where={})
+        state.update(_wavelengths=None, _num_bands=0, _where={}, _gatherer=None)
         return state
 
     def prepare_data(self) -> None:

@@ -24,7 +24,9 @@ Device-resident gather (`device="cuda"`): the cube, and a PatchDataset's coordin
 a batch is gathered there, so no patch crosses the bus; only a batch's sample indices (and augmentation choices) go
 up, asynchronously (`to_device`). They move to the device at the first gather, in the process that gathers: a
 datamodule set up in a process that then spawns one rank per GPU holds no device copy, and "cuda" means the device
-current there (Lightning sets each rank's before its setup).
+current there (Lightning sets each rank's before its setup). A gatherer that has gathered keeps its host cube and
+pickles that, not the device copy: spawned, a CUDA tensor travels as a handle to the launcher's GPU, and every rank
+would open it and gather there.
 """
 
 from __future__ import annotations
@@ -101,7 +103,7 @@ class PatchGatherer:
         self.padded_rows, self.padded_cols, self.num_bands = (int(s) for s in cube.shape)
         self.rows = self.padded_rows - self.patch_size + 1
         self.cols = self.padded_cols - self.patch_size + 1
-        self.device = torch.device(device)
+        self.device = torch.device(device)  # as asked: "cuda" is the device current where the cube is placed
         self._kernel = _patchgather.gather if stores_bands_first(device, channels_last, use_kernel) else None
         if self._kernel is not None:
             self.storage = cube.permute(2, 0, 1).contiguous()  # band-major: the kernel copies rows of p floats
@@ -112,15 +114,18 @@ class PatchGatherer:
         self.samples_per_chunk = max(1, CHUNK_BYTES // self.nbytes_per_patch) if self.device.type == "cpu" else None
         self._runs_view: torch.Tensor | None = None
         self._buffers = BufferPool(pin_memory=pin_memory)
+        self._host: tuple[torch.Tensor, torch.Tensor] | None = None  # cube and row offsets, once placed off the host
 
     def place(self) -> torch.device:
-        """Move the cube to this gatherer's device if it is not there yet; return the device, index resolved."""
-        if self.storage.device != self.device:
-            self.storage = self.storage.to(self.device)
-            self.row_offsets = self.row_offsets.to(self.device)
-            self.device = self.storage.device  # "cuda" is now the device current at the first gather
+        """Move the cube to this gatherer's device if it is not there yet; return the device, index resolved.
+
+        The host cube is kept, for pickling (module notes): host memory the fit's check counts anyway (`peak_bytes`).
+        """
+        if self._host is None and self.storage.device != self.device:
+            self._host = (self.storage, self.row_offsets)
+            self.storage, self.row_offsets = self.storage.to(self.device), self.row_offsets.to(self.device)
             self._runs_view = None
-        return self.device
+        return self.storage.device
 
     def _runs(self) -> torch.Tensor:
         # Built lazily (and dropped when pickled): row a is the p*B floats of pixels a..a+p-1, an overlapping view.
@@ -130,11 +135,15 @@ class PatchGatherer:
             self._runs_view = self.storage.as_strided((rows, run), (self.num_bands, 1))
         return self._runs_view
 
-    def _new_batch(self, n: int) -> torch.Tensor:
+    def new_batch(self, n: int) -> torch.Tensor:
+        """An uninitialised (n, B, p, p) batch in this gatherer's layout and memory (page-locked with `pin_memory`).
+
+        What `gather` fills, and what an augmented batch is written to, so that it too reaches the GPU in one copy.
+        """
         b, p = self.num_bands, self.patch_size
         if self.device.type != "cpu":
             layout = torch.channels_last if self.channels_last else torch.contiguous_format
-            return torch.empty((n, b, p, p), dtype=torch.float32, device=self.device, memory_format=layout)
+            return torch.empty((n, b, p, p), dtype=torch.float32, device=self.place(), memory_format=layout)
         if self.channels_last:
             return self._buffers.empty((n, p, p, b)).permute(0, 3, 1, 2)
         return self._buffers.empty((n, b, p, p))
@@ -142,6 +151,9 @@ class PatchGatherer:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_runs_view"] = None
+        if self._host is not None:  # placed: the host cube travels, and the unpickled gatherer places it anew
+            state["storage"], state["row_offsets"] = self._host
+            state["_host"] = None
         return state
 
     @property
@@ -165,7 +177,7 @@ class PatchGatherer:
         n, b, p = coords.shape[0], self.num_bands, self.patch_size
         layout = torch.channels_last if self.channels_last else torch.contiguous_format
         if out is None:
-            out = self._new_batch(n)
+            out = self.new_batch(n)
         elif (
             tuple(out.shape) != (n, b, p, p)
             or out.dtype != torch.float32
@@ -187,7 +199,7 @@ class PatchGatherer:
             torch.index_select(self._runs(), 0, starts, out=out.permute(0, 2, 3, 1).view(n * p, p * b))
             return out
         size, chunk = b * p * p, min(n, self.samples_per_chunk or n)
-        staging = torch.empty((chunk * p, p * b), dtype=torch.float32, device=self.device)  # reused per chunk
+        staging = torch.empty((chunk * p, p * b), dtype=torch.float32, device=self.storage.device)  # reused per chunk
         pixels = staging.as_strided((chunk, size, 1, 1), (size, 1, size, size))  # one channels-last pixel per sample
         for rows, patches in zip(starts.split(chunk * p), out.view(n, size, 1, 1).split(chunk), strict=True):
             count = patches.shape[0]  # the last chunk may be short
@@ -203,19 +215,24 @@ def _dihedral_permutations(patch_size: int, device: torch.device) -> torch.Tenso
     return torch.stack([t.reshape(-1) for t in turns + [t.flip(1) for t in turns]])  # (8, p*p)
 
 
-def augment_batch(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+def augment_batch(x: torch.Tensor, generator: torch.Generator, out: torch.Tensor | None = None) -> torch.Tensor:
     """Apply to each sample one of the 8 flips/rotations of the square (chosen by `generator`), in one gather.
 
-    Keeps the shape (n, B, p, p) and the memory layout (contiguous or channels-last) of `x`.
+    Keeps the shape (n, B, p, p) and the memory layout (contiguous or channels-last) of `x`. Written into `out` if
+    given (a batch like `x`, e.g. `PatchGatherer.new_batch`): a page-locked one then goes to the GPU as it is, where
+    a fresh result would be copied into page-locked memory again by the DataLoader.
     """
     n, bands, p, _ = x.shape
     choice = to_device(torch.randint(0, 8, (n,), generator=generator, device=generator.device), x.device)
     permutation = _dihedral_permutations(p, x.device)[choice]  # (n, p*p): output pixel m reads input pixel perm[m]
     if x.is_contiguous():
         flat = x.reshape(n, bands, p * p)
-        return flat.gather(2, permutation[:, None, :].expand(n, bands, p * p)).view(n, bands, p, p)
+        into = None if out is None else out.view(n, bands, p * p)
+        return torch.gather(flat, 2, permutation[:, None, :].expand(n, bands, p * p), out=into).view(n, bands, p, p)
     flat = x.permute(0, 2, 3, 1).reshape(n, p * p, bands)
-    return flat.gather(1, permutation[:, :, None].expand(n, p * p, bands)).view(n, p, p, bands).permute(0, 3, 1, 2)
+    into = None if out is None else out.permute(0, 2, 3, 1).view(n, p * p, bands)
+    pixels = torch.gather(flat, 1, permutation[:, :, None].expand(n, p * p, bands), out=into)
+    return pixels.view(n, p, p, bands).permute(0, 3, 1, 2)
 
 
 class PatchDataset(Dataset):
@@ -265,7 +282,7 @@ class PatchDataset(Dataset):
         index = to_device(torch.as_tensor(indices, dtype=torch.long), device)
         x = self.gatherer.gather(self.coords[index])
         if self.augment:
-            x = augment_batch(x, self._augment_generator())
+            x = augment_batch(x, self._augment_generator(), out=self.gatherer.new_batch(len(indices)))
         return x, self.labels[index]
 
     @property

@@ -3,6 +3,7 @@
 No `from __future__ import annotations` here, as in `compression.py`: DDP inspects its hooks' annotations.
 """
 
+from collections import deque
 from typing import Any
 
 import torch
@@ -11,6 +12,11 @@ from torch import Tensor, nn
 
 from hslite.errors import ConfigError
 from hslite.parallel.wire_format import DEFAULT_CHUNK_ELEMS, KINDS, check_kind
+
+# CUDA event pairs kept unread at most; beyond it the oldest is read into the total. A step records three pairs per
+# bucket (tens to hundreds), so the oldest is steps back and long finished: reading it does not wait for the GPU, and
+# a run that no checkpoint reads holds this many, not two events per phase of the whole run.
+PENDING_EVENT_PAIRS = 4096
 
 
 class CompressionState:
@@ -47,23 +53,28 @@ class CompressionState:
         self.bytes_received = 0
         self.calls = dict.fromkeys(KINDS, 0)  # hook calls per kind
         self._quantise_seconds = 0.0  # int8 quantise/dequantise/residual time, communication excluded
-        self._quantise_events: list[tuple[Any, Any]] = []  # CUDA (start, end) events not yet read into the total
+        self._quantise_events: deque[tuple[Any, Any]] = deque()  # CUDA (start, end) events not yet in the total
 
     @property
     def quantise_seconds(self) -> float:
         """Time spent quantising, dequantising and keeping residuals, collectives excluded (on a GPU: waits for it)."""
-        for start, end in self._quantise_events:
-            end.synchronize()
-            self._quantise_seconds += start.elapsed_time(end) / 1000  # CUDA events measure milliseconds
-        self._quantise_events = []
+        while self._quantise_events:
+            self._read_oldest_events()
         return self._quantise_seconds
 
     def add_quantise_time(self, start: Any, end: Any) -> None:
         """One phase of the int8 hook: perf_counter readings on CPU, CUDA events on a GPU (read lazily)."""
         if isinstance(start, float):
             self._quantise_seconds += end - start
-        else:
-            self._quantise_events.append((start, end))
+            return
+        self._quantise_events.append((start, end))
+        if len(self._quantise_events) > PENDING_EVENT_PAIRS:
+            self._read_oldest_events()
+
+    def _read_oldest_events(self) -> None:
+        start, end = self._quantise_events.popleft()
+        end.synchronize()
+        self._quantise_seconds += start.elapsed_time(end) / 1000  # CUDA events measure milliseconds
 
     def set_kind(self, kind: str) -> None:
         """Switch compression for the next buckets; int8 residuals left over are added to the next gradients."""
@@ -110,7 +121,7 @@ class CompressionState:
         stats = state["stats"]
         self.bytes_sent, self.bytes_received = stats["bytes_sent"], stats["bytes_received"]
         self.calls = dict.fromkeys(KINDS, 0) | stats["calls"]
-        self._quantise_seconds, self._quantise_events = stats["quantise_seconds"], []
+        self._quantise_seconds, self._quantise_events = stats["quantise_seconds"], deque()
 
     def _layout(self, bucket: dist.GradBucket) -> tuple[tuple[int, int], tuple[str | int, ...], list[int]]:
         params = bucket.parameters()

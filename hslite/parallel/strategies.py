@@ -28,16 +28,18 @@ CHECKPOINT_KEY = "hslite_compression"  # top-level checkpoint entry: {"world_siz
 
 
 def gather_from_ranks(value: Any) -> list[Any]:
-    """Every rank's `value`, in rank order, from one `all_gather_object`; `[value]` without a group of several ranks.
+    """Every rank's `value`, in rank order, on rank 0 and `[]` on the others; `[value]` without several ranks.
 
-    For host objects (numbers, CPU tensors): on GPUs they go over the group's gloo half
-    (`trainer_args.process_group_backend`).
+    For what goes into a checkpoint, which rank 0 alone writes (Lightning's `Strategy.save_checkpoint`, and the
+    metadata file of a sharded one): one `gather_object` to it, so that no other rank receives every rank's state
+    (under int8, a residual the size of the gradients per rank). For host objects (numbers, CPU tensors): on GPUs
+    they go over the group's gloo half (`trainer_args.process_group_backend`), where torch sends object collectives.
     """
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return [value]
-    values: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(values, value)
-    return values
+    values: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(value, values, dst=0)
+    return values or []
 
 
 def _destroy_default_group() -> None:
@@ -153,9 +155,10 @@ class CompressedDDPStrategy(FencedDDPStrategy):
         checkpoint[CHECKPOINT_KEY] = {"world_size": len(states), "ranks": states}
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Any | None = None) -> None:
-        """Add every rank's compression state to a full checkpoint; Lightning calls this on all ranks.
+        """Add every rank's compression state to rank 0's full checkpoint; Lightning calls this on all ranks.
 
-        A checkpoint that carries them already (`TrainingState` gathered them with its own) is not gathered again.
+        A checkpoint that carries them already (`TrainingState` gathered them with its own) is not gathered again:
+        the key is there on every rank, holding no state on the others (`gather_from_ranks`), so all decide alike.
         """
         # A weights-only checkpoint carries no training state.
         if "optimizer_states" in checkpoint and CHECKPOINT_KEY not in checkpoint:

@@ -1,15 +1,14 @@
 """What a checkpoint needs beyond Lightning's own state for a resumed run to draw the numbers an uninterrupted one does.
 
-Lightning restores the model, optimiser, scheduler, loops and callbacks, but no random state, and only rank 0
-writes the file. Each rank's torch (CPU, and CUDA on its own GPU: dropout masks are drawn there), NumPy and Python
-generators and its training set's augmentation generator are
-gathered into the checkpoint here (a few KB per rank), with the run's config so that a checkpoint of another run is
-recognised. The global generators are put back as Lightning restores the checkpoint: a resumed fit skips the sanity
-check and makes its first epoch's iterator (which draws the shuffle's seed) before any hook of training runs, where
-an uninterrupted one makes it after the previous epoch's checkpoint. The augmentation generator, which only the
-batches draw from, is put back when training starts, once the training set is loaded. A compressing strategy's
-per-rank state (its residuals) rides in the same gather, so a checkpoint costs one collective; the strategy restores
-it (`CompressedDDPStrategy.load_checkpoint`).
+Lightning restores the model, optimiser, scheduler, loops and callbacks, but no random state, and only rank 0 writes the
+file. Each rank's torch (CPU, and CUDA on its own GPU: dropout masks are drawn there), NumPy and Python generators and
+its training set's augmentation generator are gathered into rank 0's checkpoint here (a few KB per rank), with the run's
+config so that a checkpoint of another run is recognised. The global generators are put back as Lightning restores the
+checkpoint: a resumed fit skips the sanity check and makes its first epoch's iterator (which draws the shuffle's seed)
+before any hook of training runs, where an uninterrupted one makes it after the previous epoch's checkpoint. The
+augmentation generator, which only the batches draw from, is put back when training starts, once the training set is
+loaded. A compressing strategy's per-rank state (its residuals) rides in the same gather, so a checkpoint costs one
+collective; the strategy restores it (`CompressedDDPStrategy.load_checkpoint`).
 """
 
 from __future__ import annotations
@@ -82,6 +81,8 @@ class TrainingState(pl.Callback):
         theirs = (
             compressing.rank_state() if compressing is not None else None
         )  # rides in this gather: one per checkpoint
+        # Every rank's on rank 0, which alone writes the file; none elsewhere, where the keys still go in, so that the
+        # strategy's save_checkpoint sees them on every rank and none of them gathers again.
         states = gather_from_ranks((_rank_state(trainer), theirs))
         checkpoint[CHECKPOINT_KEY] = {"config": self.config, "ranks": [own for own, _ in states]}
         if compressing is not None:
