@@ -10,6 +10,7 @@ import pytest
 from hslite.parallel.plan import Plan
 from hslite.preflight import costmodel as cm
 from hslite.preflight import formulas
+from hslite.preflight.device_profile import DEFAULT_LAUNCH_US
 from hslite.preflight.measurements import LinkModel, ProbeResult
 from hslite.preflight.run import run_preflight
 
@@ -177,9 +178,39 @@ def test_compressed_allreduce_prices_less_wire_plus_quantise_time():
         for c in formulas.WIRE_BYTES_PER_GRAD_BYTE
     }
     assert comm["int8"] < comm["bf16"] < comm["none"]
-    assert comm["int8"] == pytest.approx(1.5 * formulas.wire_bytes(GRAD_BYTES, "int8") / GB + 1e-11 * GRAD_BYTES)
+    # One 8 MB bucket, padded on 4 ranks (2M elements in 4 shards of 245 chunks of 2041): 27 + 2·4 + 2 launches
+    launches = 37 * DEFAULT_LAUNCH_US * 1e-6
+    assert comm["int8"] == pytest.approx(
+        1.5 * formulas.wire_bytes(GRAD_BYTES, "int8") / GB + 1e-11 * GRAD_BYTES + launches
+    )
     defaulted = cm.predict(gpu_plan(4, compression="int8"), make_probe(), link, 80 * 2**30)
     assert any("default" in note for note in defaulted.notes)
+
+
+def test_the_int8_hooks_launches_grow_with_the_ranks_as_its_kernel_count_and_vanish_when_launches_are_free(
+    monkeypatch,
+):
+    from hslite.parallel.compression import int8_hook
+    from hslite.preflight.comm_cost import DDP_BUCKET_CAP_BYTES, int8_hook_seconds, int8_kernels_per_bucket
+
+    assert [int8_kernels_per_bucket(4096, n) for n in (2, 4, 8)] == [31, 35, 43]  # 27 + 2·N: 4096 splits evenly
+    assert int8_kernels_per_bucket(10_000, 3) == 27 + 2 * 3 + 2  # 3 shards of 3334: padding zeroed, last shard cut
+    for elements, world in ((4096, 2), (4096, 4), (10_000, 3), (30_000, 8)):  # the count is what the hook runs
+        assert _int8_hook_kernels(int8_hook, elements, world, monkeypatch) == int8_kernels_per_bucket(elements, world)
+    work, launch = 1e-11, 5e-6
+    grad_bytes = 2 * DDP_BUCKET_CAP_BYTES + 4 * 2**20  # two full buckets and a 4 MiB one
+    priced = {n: int8_hook_seconds(grad_bytes, n, work, launch) for n in (2, 4, 8)}
+    assert priced[4] - priced[2] == pytest.approx(3 * 2 * (4 - 2) * launch)  # 2 kernels per peer in each bucket
+    assert priced[8] - priced[4] == pytest.approx(3 * 2 * (8 - 4) * launch)
+    assert int8_hook_seconds(grad_bytes, 8, work, 0.0) == pytest.approx(work * grad_bytes)  # the measured work alone
+    probe = make_probe(compress_seconds_per_byte=work)
+    quantise = {
+        n: cm.predict(gpu_plan(n, compression="int8"), probe, LinkModel(0.0, math.inf), 80 * 2**30).comm_seconds
+        for n in (2, 8)
+    }
+    kernels = {n: int8_kernels_per_bucket(GRAD_BYTES // 4, n) for n in (2, 8)}
+    assert quantise[2] == pytest.approx(work * GRAD_BYTES + kernels[2] * DEFAULT_LAUNCH_US * 1e-6)
+    assert quantise[8] - quantise[2] == pytest.approx((kernels[8] - kernels[2]) * DEFAULT_LAUNCH_US * 1e-6)
 
 
 def test_fsdp_moves_three_param_volumes_per_step():
@@ -244,6 +275,45 @@ def test_the_int8_hook_is_priced_with_no_overlap_as_its_collectives_are_synchron
     assert priced["int8", "hiding"].comm_seconds == pytest.approx(priced["int8", "bound"].comm_seconds)
     assert any("no overlap" in note for note in priced["int8", "hiding"].notes)
     assert priced["bf16", "hiding"].comm_seconds < priced["bf16", "bound"].comm_seconds
+
+
+def _int8_hook_kernels(hook, elements: int, world: int, monkeypatch) -> int:
+    """Ops that launch a kernel in `hook`'s second call on a bucket, as rank 0 of `world` (collectives: one each)."""
+    import torch
+    import torch.distributed as dist
+    from _dist_scripts._ranks import FakeBucket
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from hslite.parallel.compression_state import CompressionState
+
+    class Launches(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            tensors = [a for a in args if isinstance(a, torch.Tensor)]
+            # views and allocations launch nothing, and neither does an op on an empty tensor (a bucket unpadded)
+            if not func.is_view and "empty" not in func.__name__ and all(t.numel() for t in tensors):
+                Launches.count += 1
+            return func(*args, **(kwargs or {}))
+
+    def all_to_all(output, send, group=None):
+        output.copy_(send)  # every rank sent what this one did: one op, as the collective's one launch
+
+    def all_gather(output, row, group=None):
+        output.view(world, -1).copy_(row.expand(world, -1))
+
+    stubs = {"get_world_size": lambda group=None: world, "get_rank": lambda group=None: 0,
+             "all_to_all_single": all_to_all, "all_gather_single": all_gather,
+             "all_gather_into_tensor": all_gather}  # fmt: skip
+    for name, stub in stubs.items():
+        monkeypatch.setattr(dist, name, stub, raising=False)
+    parameter = torch.nn.Parameter(torch.zeros(elements))
+    state = CompressionState()
+    first, second = (FakeBucket(torch.randn(elements), [parameter]) for _ in range(2))
+    hook(state, first)  # the first call keeps a residual; the second runs as every later step does
+    with Launches():
+        hook(state, second)
+    return Launches.count
 
 
 @pytest.mark.parametrize(

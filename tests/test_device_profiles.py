@@ -12,9 +12,16 @@ from torch import nn
 
 from hslite.cli import main
 from hslite.errors import ConfigError
-from hslite.preflight.device_profile import DEFAULT_EFFICIENCY, DeviceProfile, list_devices, load_device
+from hslite.preflight.device_profile import (
+    DEFAULT_EFFICIENCY,
+    DEFAULT_LAUNCH_US,
+    DeviceProfile,
+    launch_seconds_on,
+    list_devices,
+    load_device,
+)
 from hslite.preflight.measurements import Footprint, ProbeResult, StepCounts
-from hslite.preflight.roofline import profile_probe, roofline_seconds
+from hslite.preflight.roofline import copy_added_seconds, profile_probe, roofline_seconds
 from hslite.preflight.step_counts import count_step
 from hslite.recipe.config import load_config
 
@@ -123,10 +130,52 @@ def test_a_profile_probe_prices_each_phase_from_the_model_sizes():
     assert probe.backward_seconds == pytest.approx(128e9 / 5e12)
     # AdamW reads params, grads and both moments, writes params and moments; no FLOPs counted; bytes bind
     assert probe.optimizer_seconds == pytest.approx((2 * 4e6 + 4e6 + 2 * 8e6) / 500e9)
-    assert probe.data_seconds == pytest.approx(1e-3 + 64 * 1000 / 10e9)
+    # The copy (6.4 µs over 10 GB/s) cannot hide under a forward the device is busy with: all of it and its launch
+    assert probe.data_seconds == pytest.approx(1e-3 + 64 * 1000 / 10e9 + 10e-6)
     assert probe.activation_bytes == 64_000_000 and probe.peak_bytes == 4e6 + 4e6 + 8e6 + 64e6
     assert probe.compute_c0_seconds == pytest.approx(0, abs=1e-9)  # all work per sample: T = c1·b
     assert probe.compute_c1_seconds_per_sample == pytest.approx(3e9 / 5e12)
+
+
+def test_a_batch_copy_hides_under_the_steps_issue_where_launches_bind_and_adds_where_the_device_is_busy():
+    gather, copy, launch = 1e-3, 0.5e-3, 10e-6
+    step = 2e-3  # max(issue, device) of the step alone
+    # A CPU plan, or a batch gathered on the GPU: no copy, the data time is the gather in series with the step
+    on_cpu = copy_added_seconds(0.0, issue_seconds=2e-3, device_seconds=1e-3, launch_seconds=launch)
+    assert gather + on_cpu + step == gather + step
+    # Launch-bound (2 ms of issue, 1 ms on the device): the device copies while the host issues, and waits no longer
+    pinned = copy_added_seconds(copy, issue_seconds=2e-3, device_seconds=1e-3, launch_seconds=launch)
+    assert gather + pinned + step == pytest.approx(gather + launch + max(step, copy))  # not gather + copy + step
+    # ... up to the issue's lead on the device (1 ms): a 1.5 ms copy shows its last 0.5 ms
+    hidden_in_part = copy_added_seconds(1.5e-3, issue_seconds=2e-3, device_seconds=1e-3, launch_seconds=launch)
+    assert hidden_in_part == pytest.approx(launch + 0.5e-3)
+    # Device-bound: the stream copies before it runs the step's kernels, so the whole copy adds
+    busy = copy_added_seconds(copy, issue_seconds=0.2e-3, device_seconds=3e-3, launch_seconds=launch)
+    assert busy == pytest.approx(launch + copy)
+    # A launch-bound profile probe: 200 forward kernels at 10 µs (2 ms) against 0.13 ms of FLOPs
+    sizes = Footprint(batch_size=64, precision="32-true", device="cpu", param_count=1000, param_bytes=4000,
+                      grad_bytes=4000, optimizer_bytes=8000, activation_bytes=64_000, peak_bytes=0)  # fmt: skip
+    counts = StepCounts(model="M", precision="32-true", forward_flops_per_sample=1e7, forward_flops_fixed=0.0,
+                        backward_flops_per_sample=2e7, backward_flops_fixed=0.0, forward_kernels=200,
+                        backward_kernels=400, optimizer_kernels=2, input_bytes_per_sample=100_000)  # fmt: skip
+    probe = profile_probe(64, sizes, counts, _profile(efficiency=0.5, launch_us=10.0), gather_seconds=1e-3)
+    assert probe.data_seconds == pytest.approx(1e-3 + 10e-6)  # the 0.64 ms copy hides under the forward's issue
+
+
+def test_the_launch_cost_is_the_devices_own_profiles_where_one_names_it(monkeypatch):
+    from hslite.preflight import device_profile
+
+    launch_seconds_on.cache_clear()
+    assert launch_seconds_on("cpu") == launch_seconds_on("cuda:0 (Unknown GPU)") == DEFAULT_LAUNCH_US * 1e-6
+    monkeypatch.setattr(device_profile, "list_devices", lambda: ["test"])
+    monkeypatch.setattr(device_profile, "load_device", lambda name: _profile(launch_us=4.0))
+    launch_seconds_on.cache_clear()
+    try:
+        assert launch_seconds_on("profile:test") == pytest.approx(4e-6)  # a what-if probe priced from its profile
+        assert launch_seconds_on("cuda:0 (NVIDIA Test GPU)") == pytest.approx(4e-6)  # a probed GPU a profile names
+        assert launch_seconds_on("cpu") == DEFAULT_LAUNCH_US * 1e-6
+    finally:
+        launch_seconds_on.cache_clear()
 
 
 def test_efficiency_can_be_set_from_the_config():

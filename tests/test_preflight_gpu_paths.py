@@ -252,3 +252,129 @@ def test_cuda_math_is_left_alone_on_cpu():
         assert _cuda_math_now() == off
     finally:
         restore_cuda_math(before)
+
+
+class _RecordedScaler:
+    """torch.amp.GradScaler's calls recorded, the loss scaled by 2 and the gradients unscaled as the real one does."""
+
+    made_for: list[str] = []
+
+    def __init__(self, device: str = "cuda") -> None:
+        _RecordedScaler.made_for.append(device)
+        self.calls: list[str] = []
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        self.calls.append("scale")
+        return loss * 2
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        self.calls.append("unscale_")
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                p.grad.div_(2)
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        self.calls.append("step")
+        optimizer.step()
+
+    def update(self) -> None:
+        self.calls.append("update")
+
+
+def test_16_mixed_gets_lightnings_loss_scaler_on_a_gpu_and_no_other_precision_or_device_does(monkeypatch):
+    monkeypatch.setattr(torch.amp, "GradScaler", _RecordedScaler)
+    _RecordedScaler.made_for = []
+    assert isinstance(timers.grad_scaler("16-mixed", CUDA0), _RecordedScaler)
+    assert _RecordedScaler.made_for == ["cuda"]  # as Lightning's MixedPrecision makes it for a GPU accelerator
+    # Lightning runs 16-mixed on CPU as bf16-mixed, and neither bf16 nor fp32 scales its loss
+    cpu = torch.device("cpu")
+    assert timers.grad_scaler("16-mixed", cpu) is None
+    assert all(timers.grad_scaler(p, dev) is None for p in ("bf16-mixed", "32-true") for dev in (CUDA0, cpu))
+
+
+def test_a_scaled_step_scales_the_loss_unscales_steps_and_updates_and_trains_as_the_plain_step():
+    from hslite.preflight.step_timing import timed_step
+    from hslite.preflight.training_step import CLASSIFIER_STEP
+
+    cpu = torch.device("cpu")
+    batch = (torch.randn(8, 4), torch.randint(0, 2, (8,)))
+    trained = []
+    for scaler in (None, _RecordedScaler()):
+        torch.manual_seed(0)
+        model = nn.Linear(4, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        assert len(timed_step(model, optimizer, batch, "16-mixed", cpu, CLASSIFIER_STEP, scaler)) == 3
+        trained.append(model.weight.detach().clone())
+    assert scaler.calls == ["scale", "unscale_", "step", "update"]  # Lightning MixedPrecision's order
+    assert torch.allclose(trained[0], trained[1])  # the gradient was unscaled before the step
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    fused = torch.optim.SGD(model.parameters(), lr=0.1)
+    fused._step_supports_amp_scaling = True  # a fused optimiser unscales inside its own step: Lightning leaves it
+    scaler = _RecordedScaler()
+    timed_step(model, fused, batch, "16-mixed", cpu, CLASSIFIER_STEP, scaler)
+    assert scaler.calls == ["scale", "step", "update"]
+
+
+def test_on_a_gpu_each_batch_is_copied_as_lightning_copies_it_with_its_step_queued_right_behind(monkeypatch):
+    from hslite.preflight import step_timing
+    from hslite.preflight.training_step import CLASSIFIER_STEP
+
+    events: list[str] = []
+    steps: list[object] = []
+
+    class OnGpu(nn.Linear):
+        def to(self, *args, **kwargs):  # the model "moves" to the GPU and stays here
+            return self
+
+    def make_batch(b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        events.append("gather")
+        return torch.randn(b, 4), torch.randint(0, 2, (b,))
+
+    def timed_step(model, optimizer, batch, precision, dev, step, scaler):
+        events.append("step")
+        steps.append(scaler)
+        return [1e-3, 2e-3, 1e-4]
+
+    monkeypatch.setattr(torch.amp, "GradScaler", _RecordedScaler)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: events.append("synchronize"))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 0)
+    monkeypatch.setattr(step_timing, "mark", lambda dev: events.append("mark") or len(events))
+    monkeypatch.setattr(step_timing, "intervals_seconds", lambda marks, dev: [5e-4] * (len(marks) - 1))
+    monkeypatch.setattr(step_timing, "batch_to", lambda batch, dev: events.append("copy") or batch)
+    monkeypatch.setattr(step_timing, "_as_loaded", lambda batch, dev: batch)
+    monkeypatch.setattr(step_timing, "timed_step", timed_step)
+    monkeypatch.setattr(step_timing, "device_label", lambda dev: "cuda:0 (test)")
+    monkeypatch.setattr(step_timing, "model_sizes", lambda *args: dict(
+        param_count=10, param_bytes=40, grad_bytes=40, optimizer_bytes=80, activation_bytes=0))  # fmt: skip
+    result = step_timing.measure_steps(lambda: OnGpu(4, 2), make_batch, 8, "16-mixed", CUDA0, warmup=0, steps=2,
+                                       step=CLASSIFIER_STEP, deadline=0.0)  # fmt: skip
+    # Each timed step: its batch gathered (a gather on the GPU waited for), then the copy between two marks and the
+    # step queued at once behind it, with no wait between them: what hides of the copy shows in the forward's time
+    fed = ["gather", "synchronize", "mark", "copy", "mark", "step"]
+    assert events[: 2 * len(fed)] == fed * 2
+    assert 5e-4 <= result.data_seconds < 5e-4 + 0.05  # the gather's host seconds and the copy's 0.5 ms on the GPU
+    assert len({id(s) for s in steps}) == 1 and isinstance(steps[0], _RecordedScaler)  # one scaler for the probe
+
+
+def test_a_batch_whose_data_path_pins_is_page_locked_throughout_as_its_dataloader_hands_it_over(monkeypatch):
+    from hslite.preflight.step_timing import _as_loaded
+
+    patches, labels = torch.randn(4, 3), torch.zeros(4, dtype=torch.long)
+    pinned = {id(patches)}  # the datamodule gathers a GPU plan's patches into page-locked memory, not the labels
+
+    def pin_memory(tensor: torch.Tensor) -> torch.Tensor:
+        if id(tensor) in pinned:
+            return tensor
+        copy = tensor.clone()
+        pinned.add(id(copy))
+        return copy
+
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda tensor, device=None: id(tensor) in pinned)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin_memory)
+    x, y = _as_loaded((patches, labels), CUDA0)
+    assert x is patches and y is not labels and torch.equal(y, labels) and y.is_pinned()  # as pin_memory=True does
+    unpinned = (torch.randn(4, 3), labels)  # a loader that does not pin: copied as it is, holding the host
+    assert all(a is b for a, b in zip(_as_loaded(unpinned, CUDA0), unpinned, strict=True))
+    assert _as_loaded((patches, labels), torch.device("cpu"))[1] is labels  # no copy on CPU

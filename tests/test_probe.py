@@ -155,6 +155,21 @@ def test_group_work_shares_token_size_and_compression_are_measured():
         probe_model(linear_stack, make_batch, batch_size=4, precision="32-true", steps=1, band_group_sizes=[2] * 4)
 
 
+def test_16_mixed_on_cpu_is_timed_as_lightning_runs_it_there_as_bf16_without_a_loss_scaler(monkeypatch):
+    scalers = []
+
+    def recording_step(model, optimizer, batch, precision, dev, step, scaler=None) -> list[float]:
+        scalers.append(scaler)
+        return [1e-3, 2e-3, 1e-4]
+
+    monkeypatch.setattr(step_timing, "timed_step", recording_step)
+    probe_model(linear_stack, make_batch, batch_size=8, precision="16-mixed", threads=1, warmup=1, steps=1)
+    assert scalers and scalers == [None] * len(scalers)
+    monkeypatch.undo()
+    real = probe_model(linear_stack, make_batch, batch_size=4, precision="16-mixed", threads=1, warmup=0, steps=1)
+    assert real.precision == "16-mixed" and real.optimizer_seconds > 0
+
+
 def test_bf16_autocast_probe_runs_and_bad_precision_is_refused():
     result = probe_model(linear_stack, make_batch, batch_size=4, precision="bf16-mixed", threads=1, steps=1)
     assert result.precision == "bf16-mixed" and result.forward_seconds > 0

@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from hslite.parallel.group_owners import rank_groups
-from hslite.parallel.wire_format import fsdp_wire_bytes
+from hslite.parallel.wire_format import DEFAULT_CHUNK_ELEMS, fsdp_wire_bytes, shard_layout
 from hslite.preflight.formulas import (
     allgather_seconds,
     allreduce_seconds,
@@ -28,10 +28,20 @@ if TYPE_CHECKING:
 
 # torch DDP's default bucket_cap_mb=25: the last bucket to fill is reduced after backward, so it never overlaps.
 DDP_BUCKET_CAP_BYTES = 25 * 2**20
+FP32_BYTES = 4  # the int8 hook works on the bucket in fp32 whatever the gradient dtype
 # Compressions whose DDP hook runs its collectives inside the hook and returns a completed future (compression.py's
 # int8 hook: a second collective waited on in a `.then` callback deadlocks over gloo). Backward resumes only once a
 # bucket's exchange is done, so none of it hides under backward (docs/design.md, DDP overlap).
 SYNCHRONOUS_HOOKS = frozenset({"int8"})
+# Kernels compression.py's int8 hook launches per bucket whatever the world size N, with error feedback: the residual
+# added (1); the bucket quantised (abs, amax, ÷127, clamp, ÷, round: 6) and packed with its scales (2); the residual
+# kept (1); the all-to-all (1); the scales received made contiguous (1); the mean zeroed (1), divided by N (1),
+# re-quantised (6) and packed (2); its error kept, added to the own shard and cleared of NaNs (3); the all-gather (1);
+# its scales made contiguous (1). Per peer, twice: a received shard added into the mean, an owner's shard dequantised
+# into the bucket. A padded bucket also zeroes its padding and copies its last shard out (2).
+INT8_KERNELS_PER_BUCKET = 27
+INT8_KERNELS_PER_PEER = 2
+INT8_KERNELS_IF_PADDED = 2
 
 
 def comm_seconds(
@@ -85,6 +95,28 @@ def comm_seconds(
     if plan.chag_enabled:
         exposed_seconds += _chag_seconds(plan, sizes, node_link or link, exact, notes)
     return exposed_seconds
+
+
+def int8_kernels_per_bucket(elements: int, world_size: int) -> int:
+    """Kernels the int8 hook launches to all-reduce a bucket of `elements` fp32 gradients over `world_size` ranks."""
+    shard, _, _ = shard_layout(elements, world_size, DEFAULT_CHUNK_ELEMS)
+    padded = world_size * shard > elements
+    return INT8_KERNELS_PER_BUCKET + INT8_KERNELS_PER_PEER * world_size + (INT8_KERNELS_IF_PADDED if padded else 0)
+
+
+def int8_hook_seconds(grad_bytes: float, world_size: int, work_seconds_per_byte: float, launch_seconds: float) -> float:
+    """The int8 hook's own seconds per optimiser step: its kernels' work on the gradient, and their launches per bucket.
+
+    The work grows with the gradient, not with the ranks: every peer's piece is a shard of the bucket. The launches
+    grow with both, `int8_kernels_per_bucket` per DDP bucket (full buckets of DDP_BUCKET_CAP_BYTES and the rest; DDP
+    never splits a parameter, so real buckets differ a little) at `launch_seconds` each, the host's time to issue
+    one: on a GPU a bucket of a small model costs more in launches than in work. The hook runs inside backward and
+    returns a completed future, so neither hides (docs/design.md, compressed all-reduce).
+    """
+    full, rest = divmod(int(grad_bytes), DDP_BUCKET_CAP_BYTES)
+    buckets = [DDP_BUCKET_CAP_BYTES] * full + ([rest] if rest else [])
+    kernels = sum(int8_kernels_per_bucket(size // FP32_BYTES, world_size) for size in buckets)
+    return work_seconds_per_byte * grad_bytes + kernels * launch_seconds
 
 
 def gradient_split(plan: Plan, sizes: Footprint) -> tuple[float, float]:

@@ -14,16 +14,25 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from hslite.parallel.group_owners import rank_groups
-from hslite.preflight.comm_cost import chag_token_bytes, comm_regime, comm_seconds, grad_bytes_per_step
+from hslite.preflight.comm_cost import (
+    chag_token_bytes,
+    comm_regime,
+    comm_seconds,
+    grad_bytes_per_step,
+    gradient_split,
+    int8_hook_seconds,
+)
+from hslite.preflight.device_profile import launch_seconds_on
 from hslite.preflight.tail import tail_factor, tail_note
 
 if TYPE_CHECKING:
     from hslite.parallel.plan import Plan
     from hslite.preflight.measurements import Footprint, LinkModel, ProbeResult
 
-# Quantise + dequantise (with error feedback) cost per fp32 gradient byte when the probe did not measure it.
-# cpu: measured 2.5-3.8e-9 with one thread on an 8 MB buffer (2-core AVX2 CPU, torch 2.13, probe's
-# measure_compression). gpu: estimate, ~8 passes over the buffer at ~2 TB/s of HBM; measure it when it matters.
+# Quantise + dequantise (with error feedback) kernel work per fp32 gradient byte when the probe did not measure it;
+# the launches are priced apart (comm_cost.int8_hook_seconds). cpu: measured 2.5-3.8e-9 with one thread on an 8 MB
+# buffer, where the launches are a few per mille of it (2-core AVX2 CPU, torch 2.13, probe's measure_compression).
+# gpu: estimate, ~8 passes over the buffer at ~2 TB/s of HBM; measure it when it matters.
 DEFAULT_COMPRESS_SECONDS_PER_BYTE = {"cpu": 3e-9, "gpu": 1e-11}
 
 
@@ -243,14 +252,16 @@ def _cpu_sharing(plan: Plan, probe: ProbeResult, cpu_cores: int | None, notes: l
 
 
 def _quantise_seconds(plan: Plan, probe: ProbeResult, notes: list[str]) -> float:
-    # int8's quantise and dequantise run on the critical path, once per optimiser step (docs/design.md, compressed).
+    # int8's quantise and dequantise run on the critical path, once per optimiser step (docs/design.md, compressed),
+    # on the gradients DDP's buckets hold: band groups' own are summed apart, in fp32 (gradient_split).
     if plan.world_size == 1 or plan.compression != "int8":
         return 0.0
     per_byte = probe.compress_seconds_per_byte
     if per_byte is None:
         per_byte = DEFAULT_COMPRESS_SECONDS_PER_BYTE[plan.accelerator]
         notes.append(f"int8 quantise cost not measured: {plan.accelerator} default {per_byte:.0e} s/byte used")
-    return per_byte * probe.grad_bytes
+    ddp_bytes = gradient_split(plan, probe)[0]
+    return int8_hook_seconds(ddp_bytes, plan.world_size, per_byte, launch_seconds_on(probe.device))
 
 
 def _unpriced_notes(plan: Plan, probe: ProbeResult, notes: list[str]) -> None:

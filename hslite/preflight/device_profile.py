@@ -9,6 +9,7 @@ tensor/matrix rate with FP32 accumulate, and fp16 runs at the same rate on every
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from hslite.errors import ConfigError
@@ -25,6 +26,7 @@ DEFAULT_EFFICIENCY = 0.35
 # backward on a 2-core EPYC with no launch at all; the launch adds a few µs of host time. An estimate, not yet
 # calibrated on a GPU either; a profile's own `launch_us` overrides it.
 DEFAULT_LAUNCH_US = 10.0
+PROFILE_PREFIX = "profile:"  # a ProbeResult.device priced from a profile, not measured (roofline.profile_probe)
 _FIGURES = ("memory_gib", "memory_gbps", "fp32_tflops", "bf16_tflops", "host_gbps")
 
 
@@ -69,6 +71,20 @@ def load_device(name: str) -> DeviceProfile:
     if uncited:
         raise ConfigError(f"device {name}.yaml gives {', '.join(uncited)} without a source; cite each figure.")
     return profile
+
+
+@functools.cache
+def launch_seconds_on(device: str) -> float:
+    """Host seconds to issue one kernel on the device a probe names (`ProbeResult.device`), as the roofline prices it.
+
+    The launch_us of the profile a what-if probe was priced from ("profile:NAME") or of the one that names a probed
+    GPU ("cuda:0 (NVIDIA H100 ...)"), else DEFAULT_LAUNCH_US: on a CPU an op's dispatch costs the host the same kind
+    of time, without the launch.
+    """
+    if device.startswith(PROFILE_PREFIX):
+        return load_device(device.removeprefix(PROFILE_PREFIX)).launch_us * 1e-6
+    name = device_for_gpu(device) if device.startswith("cuda") else None
+    return (load_device(name).launch_us if name else DEFAULT_LAUNCH_US) * 1e-6
 
 
 def device_for_gpu(gpu_name: str) -> str | None:

@@ -1,4 +1,4 @@
-"""What a plan's features add to the plain training step: FSDP2's own seconds and int8 quantisation's per byte.
+"""What a plan's features add to the plain training step: FSDP2's own seconds and int8's kernel work per byte.
 
 Both are timed on one device by the probe when the plan uses the feature (`probe_model`'s `measure_fsdp`,
 `measure_compression`); the cost model adds them to the plain step's compute and communication.
@@ -19,9 +19,11 @@ from hslite.preflight.step_timing import timed_step
 from hslite.preflight.timers import wall_seconds
 from hslite.preflight.training_step import CLASSIFIER_STEP, TrainingStep, batch_to
 
-# A choice, not a measured figure: the int8 probe quantises a buffer of the gradient's own size, capped at 64 MB of
-# fp32 to bound the probe's time; a larger gradient is priced at this buffer's per-byte rate.
+# Choices, not measured figures: the int8 probe quantises a buffer of the gradient's own size, capped at 64 MB of
+# fp32 to bound the probe's time (a larger gradient is priced at this buffer's per-byte rate), and of 1 MB at least,
+# so that the work of its half, whose time is taken off the whole's, still shows beside the pass's launches.
 COMPRESSION_PROBE_MAX_ELEMENTS = 1 << 24
+COMPRESSION_PROBE_MIN_ELEMENTS = 1 << 18
 
 
 def measure_fsdp_overhead(
@@ -67,9 +69,20 @@ def measure_fsdp_overhead(
 
 
 def int8_seconds_per_byte(param_count: int, dev: torch.device) -> float:
-    """Seconds per fp32 gradient byte of the int8 hook's quantise and dequantise with error feedback, on `dev`."""
+    """Seconds of kernel work per fp32 gradient byte of the int8 hook's quantise and dequantise with error feedback.
+
+    The slope between a pass over the buffer and a pass over its half, on `dev`: the pass's kernel launches, the same
+    at both sizes, drop out, and the cost model prices the hook's own launches from its kernel count per bucket
+    (`comm_cost.int8_hook_seconds`). A pass bound by its launches at both sizes shows no work: 0.
+    """
+    elements = max(COMPRESSION_PROBE_MIN_ELEMENTS, min(param_count, COMPRESSION_PROBE_MAX_ELEMENTS))
+    whole, half = (_quantise_pass_seconds(n, dev) for n in (elements, elements // 2))
+    return max(0.0, whole - half) / ((elements - elements // 2) * 4)  # fp32: 4 bytes an element
+
+
+def _quantise_pass_seconds(elements: int, dev: torch.device) -> float:
     # Mirrors an error-feedback int8 hook: add the residual, scale by the max, round, cast, dequantise, keep the error.
-    grad = torch.randn(max(1, min(param_count, COMPRESSION_PROBE_MAX_ELEMENTS)), device=dev)
+    grad = torch.randn(elements, device=dev)
     residual = torch.zeros_like(grad)
 
     def quantise_dequantise() -> None:
@@ -79,5 +92,4 @@ def int8_seconds_per_byte(param_count: int, dev: torch.device) -> float:
         residual.copy_(corrected - restored)
 
     quantise_dequantise()
-    seconds = statistics.median(wall_seconds(quantise_dequantise, dev) for _ in range(5))
-    return seconds / (grad.numel() * grad.element_size())
+    return statistics.median(wall_seconds(quantise_dequantise, dev) for _ in range(5))

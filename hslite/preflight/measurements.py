@@ -56,14 +56,14 @@ class Footprint:
 class ProbeResult(Footprint):
     """One device's measured costs at `batch_size`: its footprint and its times (medians, per rank)."""
 
-    forward_seconds: float  # forward + loss
+    forward_seconds: float  # forward + loss; on a GPU as it runs behind its batch's copy (step_timing.py)
     backward_seconds: float
     optimizer_seconds: float  # AdamW step + zero_grad
     data_seconds: float  # a batch from the datamodule's gather + copy to the device, per micro-batch
     threads: int  # torch CPU threads during the probe
     compute_c0_seconds: float  # T_c(b) ≈ c0 + c1·b, forward + backward
     compute_c1_seconds_per_sample: float
-    compress_seconds_per_byte: float | None = None  # int8 quantise + dequantise per fp32 gradient byte
+    compress_seconds_per_byte: float | None = None  # int8 quantise + dequantise kernel work per fp32 gradient byte
     chag_fraction: float | None = None  # share of forward time in the tokenizer module
     contention: float | None = None  # CPU: times slower a step runs with `contention_ranks` ranks at once
     # FSDP2's own cost on one rank (hooks, copy-in/out, DTensor dispatch) beyond the plain step; None: not measured

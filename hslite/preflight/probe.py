@@ -32,7 +32,7 @@ from hslite.preflight.step_timing import device_label, measure_steps
 from hslite.preflight.timers import cuda_math
 from hslite.preflight.training_step import CLASSIFIER_STEP, TrainingStep
 
-PROBE_FIELDS_VERSION = 7  # bump when ProbeResult gains a field or one is measured anew: cached probes are re-measured
+PROBE_FIELDS_VERSION = 8  # bump when ProbeResult gains a field or one is measured anew: cached probes are re-measured
 PROBE_DEVICE = "cuda:0"  # the one GPU a GPU plan is probed on; the launching process touches no other
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
-from hslite.preflight.device_profile import DeviceProfile
+from hslite.preflight.device_profile import PROFILE_PREFIX, DeviceProfile
 from hslite.preflight.formulas import fit_compute_model
 from hslite.preflight.measurements import Footprint, ProbeResult, StepCounts
 
@@ -27,6 +27,23 @@ _BOUND = {"flops": "compute-bound", "memory": "memory-bound", "launch": "bound b
 def roofline_seconds(flops: float, moved_bytes: float, kernels: int, profile: DeviceProfile, precision: str) -> float:
     """max(FLOPs / (peak·e), bytes / (BW·e), kernels · launch): one phase on the profile's device."""
     return max(_roofs_seconds(flops, moved_bytes, kernels, profile, precision).values())
+
+
+def copy_added_seconds(
+    copy_seconds: float, *, issue_seconds: float, device_seconds: float, launch_seconds: float
+) -> float:
+    """Seconds a batch's copy from page-locked memory adds to the GPU step it feeds: its launch, and what is not hidden.
+
+    Lightning queues the copy (`non_blocking`) on the stream the step runs on, and a stream runs its work in order:
+    the device copies before it runs the step's kernels, never beside them. The host does not wait for a copy from
+    page-locked memory and issues the step's kernels meanwhile, so the step, which takes max(issue, device) alone,
+    takes max(issue, copy + device) after it: a step bound by its kernel launches hides the copy under its issue's
+    lead on the device, one the device is busy with adds all of it. Without a copy (a CPU plan, a batch gathered on
+    the GPU) nothing is added, and the data time is the gather, in series with the step.
+    """
+    if copy_seconds <= 0:
+        return 0.0
+    return launch_seconds + max(issue_seconds, copy_seconds + device_seconds) - max(issue_seconds, device_seconds)
 
 
 def _roofs_seconds(
@@ -64,7 +81,9 @@ def profile_probe(
     """What a probe on the profile's device would measure at `batch_size`, from the model's counts and sizes.
 
     `gather_seconds` is the host's batch gather (timed on this CPU: the same work the GPU box's host does); the
-    batch's copy to the device crosses the profile's host link. c0 + c1·b is fitted on b and b/2, like the probe.
+    batch's copy to the device crosses the profile's host link from page-locked memory, as hslite's GPU plans copy
+    it, and adds to the step what the forward does not hide of it (`copy_added_seconds`). c0 + c1·b is fitted on b
+    and b/2, like the probe.
     """
 
     def seconds(b: int) -> dict[str, float]:
@@ -75,6 +94,13 @@ def profile_probe(
 
     other_batch = batch_size // 2 if batch_size > 1 else 2  # the probe's second batch
     times, other = seconds(batch_size), seconds(other_batch)
+    forward_roofs = _roofs_seconds(*_phases(sizes, counts, batch_size)["forward"], profile, counts.precision)
+    copy_seconds = copy_added_seconds(
+        counts.input_bytes_per_sample * batch_size / (profile.host_gbps * 1e9),
+        issue_seconds=forward_roofs["launch"],
+        device_seconds=max(forward_roofs["flops"], forward_roofs["memory"]),
+        launch_seconds=profile.launch_us * 1e-6,
+    )
     c0, c1 = fit_compute_model(
         [batch_size, other_batch], [times["forward"] + times["backward"], other["forward"] + other["backward"]]
     )
@@ -83,13 +109,13 @@ def profile_probe(
     held_bytes = sizes.param_bytes + sizes.grad_bytes + sizes.optimizer_bytes + activation_bytes
     footprint = {f.name: getattr(sizes, f.name) for f in fields(Footprint)}
     footprint.update(batch_size=batch_size, activation_bytes=activation_bytes, peak_bytes=held_bytes,
-                     device=f"profile:{profile.name}")  # fmt: skip
+                     device=f"{PROFILE_PREFIX}{profile.name}")  # fmt: skip
     return ProbeResult(
         **footprint,
         forward_seconds=times["forward"],
         backward_seconds=times["backward"],
         optimizer_seconds=times["optimizer"],
-        data_seconds=gather_seconds + counts.input_bytes_per_sample * batch_size / (profile.host_gbps * 1e9),
+        data_seconds=gather_seconds + copy_seconds,
         threads=1,
         compute_c0_seconds=c0,
         compute_c1_seconds_per_sample=c1,

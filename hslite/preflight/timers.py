@@ -1,4 +1,4 @@
-"""Device-aware timing for the probe: CUDA events on GPU, perf_counter on CPU, and the plan's autocast and CUDA math."""
+"""Device-aware timing for the probe: CUDA events on GPU, perf_counter on CPU, the plan's AMP and CUDA math."""
 
 from __future__ import annotations
 
@@ -13,12 +13,42 @@ from hslite.parallel.cuda_math import restore_cuda_math, set_cuda_math
 
 
 def autocast(precision: str, dev: torch.device) -> contextlib.AbstractContextManager[Any]:
-    """The autocast a Lightning `precision` string runs the forward under on `dev` (none for 32-true)."""
+    """The autocast a Lightning `precision` string runs the forward under on `dev` (none for 32-true).
+
+    As Lightning's MixedPrecision plugin (lightning/pytorch/plugins/precision/amp.py) enters it: without autocast's
+    cache of cast weights, so a weight used several times in one forward (a tokenizer shared by band groups) is cast,
+    and its copy saved for backward, at each use, as in training.
+    """
     if precision == "32-true":
         return contextlib.nullcontext()
     # Lightning runs "16-mixed" on CPU as bf16, so the probe does the same.
     dtype = torch.float16 if precision == "16-mixed" and dev.type == "cuda" else torch.bfloat16
-    return torch.autocast(dev.type, dtype=dtype)
+    return torch.autocast(dev.type, dtype=dtype, cache_enabled=False)
+
+
+def grad_scaler(precision: str, dev: torch.device) -> torch.amp.GradScaler | None:
+    """The loss scaler Lightning's precision plugin trains `precision` with on `dev`, or None where it uses none.
+
+    Lightning's MixedPrecision makes a `torch.amp.GradScaler` for "16-mixed" only, and runs "16-mixed" on CPU as
+    "bf16-mixed" (its accelerator connector), whose range needs no scaling: a scaler on a GPU and nowhere else.
+    """
+    if precision != "16-mixed" or dev.type != "cuda":
+        return None
+    return torch.amp.GradScaler(device=dev.type)
+
+
+def scaled_optimizer_step(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> None:
+    """The optimiser step of Lightning's MixedPrecision with a scaler, once backward has run on the scaled loss.
+
+    Gradients are unscaled first (a pass over all of them, and the inf check that the step reads back on the host),
+    unless the optimiser unscales inside its own step (a fused one); the step is skipped on an overflow and the
+    scale updated after it.
+    """
+    # Lightning's test (lightning/fabric/plugins/precision/amp.py, _optimizer_handles_unscaling), without the import
+    if not getattr(optimizer, "_step_supports_amp_scaling", False):
+        scaler.unscale_(optimizer)
+    scaler.step(optimizer)
+    scaler.update()
 
 
 @contextlib.contextmanager
