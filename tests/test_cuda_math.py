@@ -54,6 +54,7 @@ def test_a_callers_float32_matmul_precision_stays_readable_and_the_cpus_math_unc
 
 
 def test_a_caller_that_set_the_per_backend_precision_alone_gets_the_same_math_back_readable():
+    torch.set_float32_matmul_precision("highest")  # torch's default, whatever an earlier test in this process left
     cuda_matmul.fp32_precision = "tf32"  # torch's advice; it leaves the legacy record at "highest"
     with pytest.raises(RuntimeError, match="mix of the legacy and new APIs"):
         torch.get_float32_matmul_precision()
