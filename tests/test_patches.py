@@ -10,7 +10,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from hslite.datasets.patches import PatchDataset, PatchGatherer, _patchgather, augment_batch, collate_patches
+from hslite.datasets.augment import augment_batch
+from hslite.datasets.patches import PatchDataset, PatchGatherer, _patchgather, collate_patches
 from hslite.datasets.preprocess import pad_reflect
 from hslite.errors import DataError
 
@@ -217,7 +218,7 @@ def test_dataloader_with_workers_and_augmentation(padded):
 
 
 def test_a_host_tensor_goes_to_cuda_page_locked_and_without_waiting(monkeypatch):
-    from hslite.datasets.patches import to_device
+    from hslite.datasets.batch_buffers import to_device
 
     calls = []
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: calls.append("pin_memory") or self)

@@ -11,7 +11,7 @@ must not be overwritten while the asynchronous copy still reads it, and a refere
 drops its batch as soon as the copy is queued. torch's page-locked allocator can: a copy from its memory records a
 CUDA event, and a freed block is handed out again only once that event has passed. It also keeps freed blocks
 rather than returning them to the OS, which is the reuse this pool exists for; so a pinning pool asks it for each
-batch and keeps no arrays of its own.
+batch and keeps no arrays of its own. `to_device` sends a host tensor up the same way.
 """
 
 from __future__ import annotations
@@ -59,3 +59,15 @@ class BufferPool:
 
     def __getstate__(self) -> dict:
         return {"capacity": self.capacity, "pin_memory": self.pin_memory, "_arrays": []}  # a copy starts empty
+
+
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`tensor` on `device`; from the host to a CUDA device through page-locked memory, without waiting for the GPU.
+
+    A plain `.to("cuda")` of pageable memory waits for the stream (every kernel queued before it) once it has copied.
+    From page-locked memory the copy is queued like a kernel, and torch's page-locked allocator keeps the temporary's
+    block until the copy has run (it records an event), so the temporary can be dropped at once.
+    """
+    if tensor.device.type == "cpu" and device.type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)

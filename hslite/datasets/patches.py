@@ -39,7 +39,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, get_worker_info
 
-from hslite.datasets.batch_buffers import BufferPool
+from hslite.datasets.augment import augment_batch
+from hslite.datasets.batch_buffers import BufferPool, to_device
 from hslite.errors import DataError
 
 _patchgather: ModuleType | None
@@ -49,18 +50,6 @@ except ImportError:  # installed without a C compiler: the slower torch path bel
     _patchgather = None
 
 CHUNK_BYTES = 512 * 1024  # bytes of patches per chunk (8 IP-sized ones); 256 KiB-1 MiB measured the same
-
-
-def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """`tensor` on `device`; from the host to a CUDA device through page-locked memory, without waiting for the GPU.
-
-    A plain `.to("cuda")` of pageable memory waits for the stream (every kernel queued before it) once it has copied.
-    From page-locked memory the copy is queued like a kernel, and torch's page-locked allocator keeps the temporary's
-    block until the copy has run (it records an event), so the temporary can be dropped at once.
-    """
-    if tensor.device.type == "cpu" and device.type == "cuda":
-        return tensor.pin_memory().to(device, non_blocking=True)
-    return tensor.to(device)
 
 
 def stores_bands_first(device: str | torch.device, channels_last: bool = False, use_kernel: bool = True) -> bool:
@@ -207,32 +196,6 @@ class PatchGatherer:
             # channel m*B + band -> band*p*p + m, i.e. (p*p, B) -> (B, p*p) per sample; fbgemm's SIMD transpose on CPU
             patches.copy_(torch.channel_shuffle(pixels if count == chunk else pixels[:count], p * p))
         return out
-
-
-def _dihedral_permutations(patch_size: int, device: torch.device) -> torch.Tensor:
-    grid = torch.arange(patch_size * patch_size, device=device).view(patch_size, patch_size)
-    turns = [torch.rot90(grid, k, (0, 1)) for k in range(4)]
-    return torch.stack([t.reshape(-1) for t in turns + [t.flip(1) for t in turns]])  # (8, p*p)
-
-
-def augment_batch(x: torch.Tensor, generator: torch.Generator, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Apply to each sample one of the 8 flips/rotations of the square (chosen by `generator`), in one gather.
-
-    Keeps the shape (n, B, p, p) and the memory layout (contiguous or channels-last) of `x`. Written into `out` if
-    given (a batch like `x`, e.g. `PatchGatherer.new_batch`): a page-locked one then goes to the GPU as it is, where
-    a fresh result would be copied into page-locked memory again by the DataLoader.
-    """
-    n, bands, p, _ = x.shape
-    choice = to_device(torch.randint(0, 8, (n,), generator=generator, device=generator.device), x.device)
-    permutation = _dihedral_permutations(p, x.device)[choice]  # (n, p*p): output pixel m reads input pixel perm[m]
-    if x.is_contiguous():
-        flat = x.reshape(n, bands, p * p)
-        into = None if out is None else out.view(n, bands, p * p)
-        return torch.gather(flat, 2, permutation[:, None, :].expand(n, bands, p * p), out=into).view(n, bands, p, p)
-    flat = x.permute(0, 2, 3, 1).reshape(n, p * p, bands)
-    into = None if out is None else out.permute(0, 2, 3, 1).view(n, p * p, bands)
-    pixels = torch.gather(flat, 1, permutation[:, :, None].expand(n, p * p, bands), out=into)
-    return pixels.view(n, p, p, bands).permute(0, 3, 1, 2)
 
 
 class PatchDataset(Dataset):

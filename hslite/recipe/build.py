@@ -106,7 +106,7 @@ def build_datamodule(cfg: Config) -> HSIDataModule:
         class_names=list(d.class_names),
         wavelengths=d.wavelengths,
         ignore_label=d.ignore_label,
-        # GPU batches are gathered into pinned memory, so the copy up overlaps the step (patches.to_device), or on
+        # GPU batches are gathered into pinned memory, so the copy up overlaps the step (batch_buffers.to_device), or on
         # the GPU itself. Not where no GPU is here: a GPU plan is then only priced, from a device profile.
         pin_memory=on_gpu,
         gather_device="cuda" if on_gpu and d.gather_on_device else None,
