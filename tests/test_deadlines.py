@@ -100,6 +100,7 @@ def test_sixteen_spawned_ranks_meeting_after_the_collective_deadline_still_start
     spread, deadline, trained = float(seen[0]), float(seen[1]), int(seen[2])
     assert spread > deadline  # the last rank came after the collective deadline had passed for the first
     assert trained == STARTUP_RANKS
+    assert seen[3] == f"{deadline:.0f}"  # then every rank's group took the collective deadline, not start-up's
 
 
 # ------------------------------------------------------------------------------ the stall watch

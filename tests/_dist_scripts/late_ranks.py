@@ -1,7 +1,8 @@
 """`late_ranks.py N OUT`: N spawned gloo ranks of hslite's DDP strategy reach the rendezvous one after another, the last
 well after the collective deadline has passed for the first, then train a step and meet at fences.
 
-Writes `<spread of arrivals, s> <collective deadline, s> <ranks that finished>` to OUT/result.txt.
+Writes `<spread of arrivals, s> <collective deadline, s> <ranks that finished> <their groups' deadlines, s>` to
+OUT/result.txt.
 """
 
 import os
@@ -50,7 +51,8 @@ class Tiny(pl.LightningModule):
         return DataLoader(data, batch_size=2)
 
     def on_train_end(self) -> None:
-        (self.trainer.strategy.out / f"rank{self.global_rank}.done").touch()
+        gloo = torch.distributed.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+        (self.trainer.strategy.out / f"rank{self.global_rank}.done").write_text(repr(gloo.options._timeout.seconds))
 
 
 def main() -> None:
@@ -63,8 +65,11 @@ def main() -> None:
     )  # fmt: skip
     trainer.fit(Tiny())
     arrived = [float((out / f"rank{r}.arrived").read_text()) for r in range(ranks)]
+    deadlines = {int(path.read_text()) for path in out.glob("rank*.done")}
     finished = len(list(out.glob("rank*.done")))
-    (out / "result.txt").write_text(f"{max(arrived) - min(arrived)} {DEADLINES.collective} {finished}")
+    (out / "result.txt").write_text(
+        f"{max(arrived) - min(arrived)} {DEADLINES.collective} {finished} {','.join(map(str, sorted(deadlines)))}"
+    )
 
 
 if __name__ == "__main__":
