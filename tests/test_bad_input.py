@@ -570,7 +570,7 @@ def test_the_console_script_exits_without_a_traceback(table, case_id, sandbox, r
         argv, untouched = ["fit", *QUICK, "output.root=runs", *overrides], [sandbox / "runs"]
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "XDG_CACHE_HOME": str(sandbox / ".cache")}
     done = subprocess.run(
-        [sys.executable, "-m", "hslite.cli", *argv], cwd=sandbox, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "hslite", *argv], cwd=sandbox, env=env, capture_output=True, text=True, timeout=120
     )
     result = (done.returncode, done.stdout + done.stderr, done.stderr)
     _assert_refused(argv, result, code, words, untouched, sandbox)

@@ -26,7 +26,7 @@ SCORES = ("OA", "AA", "kappa", "per_class_accuracy", "confusion_matrix", "epochs
 
 
 def _fit(cwd: Path, *extra: str) -> subprocess.Popen[str]:
-    command = [sys.executable, "-m", "hslite.cli", "fit", *ARGS, *extra]
+    command = [sys.executable, "-m", "hslite", "fit", *ARGS, *extra]
     return subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

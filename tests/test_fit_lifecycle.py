@@ -29,7 +29,7 @@ QUICK = [
 def _hslite() -> list[str]:
     """The console script the README runs, from the environment running the tests."""
     script = Path(sys.executable).with_name("hslite")
-    return [str(script)] if script.is_file() else [sys.executable, "-m", "hslite.cli"]
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "hslite"]
 
 
 def _loads(checkpoint: Path) -> bool:

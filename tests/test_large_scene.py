@@ -155,7 +155,7 @@ def test_a_cube_larger_than_the_budget_is_trained_and_mapped_within_it(tmp_path)
     cube_bytes = 4 * np.prod(shape)
     budget_bytes = int(0.95 * cube_bytes)
     command = [
-        sys.executable, "-m", "hslite.cli", "fit", f"data.scene={tmp_path / 'cube.npy'}",
+        sys.executable, "-m", "hslite", "fit", f"data.scene={tmp_path / 'cube.npy'}",
         f"data.labels={tmp_path / 'gt.npy'}", "model.name=cnn1d", "data.patch_size=3", "data.pca_components=10",
         "train.max_epochs=1", "train.progress=false", f"output.root={tmp_path / 'runs'}",
         f"data.host_memory_gb={budget_bytes / GB}",
@@ -164,7 +164,7 @@ def test_a_cube_larger_than_the_budget_is_trained_and_mapped_within_it(tmp_path)
     assert rss <= budget_bytes, f"fit peaked at {rss / GB:.2f} GB, over the {budget_bytes / GB:.2f} GB budget"
     run = next((tmp_path / "runs").glob("*/*/metrics.json")).parent
     assert (run / "prediction.tif").is_file() and (run / "map.png").is_file()  # the whole scene was mapped
-    predict = [sys.executable, "-m", "hslite.cli", "predict", f"run={run}", f"cube={tmp_path / 'cube.npy'}"]
+    predict = [sys.executable, "-m", "hslite", "predict", f"run={run}", f"cube={tmp_path / 'cube.npy'}"]
     assert _peak_rss([*predict, "progress=false"], tmp_path / "predict.log") <= budget_bytes
 
 

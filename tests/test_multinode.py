@@ -70,7 +70,7 @@ def _torchrun_nodes(
     for node in range(nodes):
         command = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}", f"--nproc-per-node={per_node}",
                    "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=hslite-test",
-                   "--max-restarts=0", *agent, "-m", "hslite.cli", "fit", *FIT, f"parallel.num_nodes={nodes}",
+                   "--max-restarts=0", *agent, "-m", "hslite", "fit", *FIT, f"parallel.num_nodes={nodes}",
                    f"parallel.devices={per_node}", f"output.root={out}", *overrides]  # fmt: skip
         log = (out / f"node{node}.log").open("w")
         agents.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=_env(), cwd=out,
@@ -91,7 +91,7 @@ def _metrics(root: Path) -> dict:
 
 
 def _one_box(out: Path, devices: int, *overrides: str) -> dict:
-    command = [sys.executable, "-m", "hslite.cli", "fit", *FIT, f"parallel.devices={devices}", f"output.root={out}",
+    command = [sys.executable, "-m", "hslite", "fit", *FIT, f"parallel.devices={devices}", f"output.root={out}",
                *overrides]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, env=_env(), cwd=out, timeout=400, check=False)
     assert result.returncode == 0, result.stderr[-4000:]
@@ -131,7 +131,7 @@ def _slurm_rank(out: Path, rank: int, port: int, *extra: str) -> subprocess.Pope
            "SLURM_NODEID": str(rank), "SLURM_NNODES": "2", "SLURM_NTASKS_PER_NODE": "1",
            "SLURM_JOB_NAME": "hslite-test", "SLURM_JOB_ID": "4242", "SLURM_NODELIST": "127.0.0.1",
            "MASTER_PORT": str(port)}  # fmt: skip
-    command = [sys.executable, "-m", "hslite.cli", "fit", *FIT, "parallel.num_nodes=2", "parallel.devices=1",
+    command = [sys.executable, "-m", "hslite", "fit", *FIT, "parallel.num_nodes=2", "parallel.devices=1",
                f"output.root={out}", *extra]  # fmt: skip
     log = (out / f"node{rank}.log").open("w")
     return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=out,

@@ -126,7 +126,7 @@ def _installed(site: Path, entry_points: str, module: Path | None = None) -> dic
 
 def _cli(env: dict[str, str], *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "hslite.cli", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "hslite", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=600
     )
 
 

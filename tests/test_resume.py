@@ -179,7 +179,7 @@ def test_a_disk_that_fills_during_the_run_is_one_sentence(tmp_path, monkeypatch,
 
 @pytest.mark.slow
 def test_two_runs_started_together_in_one_output_root_never_collide(tmp_path):
-    command = [sys.executable, "-m", "hslite.cli", "fit", *QUICK, "preflight.enabled=true", "output.root=runs"]
+    command = [sys.executable, "-m", "hslite", "fit", *QUICK, "preflight.enabled=true", "output.root=runs"]
     env = {**__import__("os").environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}  # one fresh probe cache, shared
     runs = [subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True) for _ in range(2)]  # fmt: skip
