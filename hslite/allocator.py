@@ -17,14 +17,17 @@ import sys
 _M_TRIM_THRESHOLD = -1  # mallopt's parameter numbers (malloc.h)
 _M_MMAP_THRESHOLD = -3
 KEPT_BYTES = 1 << 30  # allocations up to 1 GiB come from the heap, and up to this much freed heap stays mapped
+_kept = False
 
 
 def keep_freed_memory() -> bool:
     """Raise glibc's mmap and trim thresholds for this process; False where the C library is not glibc.
 
-    Every process that trains or is timed calls it (the CLI, `fit`, each spawned rank, the pre-flight's contention
-    ranks), so what the pre-flight measures is what training runs.
+    Only processes hslite owns call it: the CLI, each spawned rank, the pre-flight's contention ranks. Setting either
+    threshold turns off glibc's own adjustment of them for good, and nothing reads them back, so a library call
+    (`hslite.fit()` in a notebook) leaves the caller's allocator alone and trains with it.
     """
+    global _kept
     if not sys.platform.startswith("linux"):
         return False
     try:
@@ -32,7 +35,13 @@ def keep_freed_memory() -> bool:
         mallopt = libc.mallopt
     except (OSError, AttributeError):  # musl and other C libraries: their allocator, untouched
         return False
-    return bool(mallopt(_M_MMAP_THRESHOLD, KEPT_BYTES) == 1 and mallopt(_M_TRIM_THRESHOLD, KEPT_BYTES) == 1)
+    _kept = bool(mallopt(_M_MMAP_THRESHOLD, KEPT_BYTES) == 1 and mallopt(_M_TRIM_THRESHOLD, KEPT_BYTES) == 1)
+    return _kept
+
+
+def keeps_freed_memory() -> bool:
+    """Whether this process set glibc's thresholds (`keep_freed_memory`): what a probe here is timed with."""
+    return _kept
 
 
 def release_freed_memory() -> None:

@@ -8,11 +8,12 @@
     table = hslite.compare(["quickstart_cpu2", "quickstart_cpu4"], measure=True, steps=10)
     hslite.predict(run.run_dir, cube="flightline.hdr")
 
-Each call takes what the command line takes, a recipe and `key=value` overrides (a list of "key=value" strings or
-a dict), plus what a command line cannot carry: `fit(model=MyNet)` trains a model class that follows the model
-protocol (`hslite.models.ModelClass`), registered under `model.name` so that the run's folder names it and
-`predict` can rebuild it in this process. Bad input raises `hslite.HSLiteError` (a subclass per kind) with the
-sentence the CLI would print.
+Each call takes what the command line takes, a recipe and `key=value` overrides (a list of "key=value" strings or a dict
+of Python values, which arrive as given), plus what a command line cannot carry: `fit(model=MyNet)` trains a model class
+that follows the model protocol (`hslite.models.ModelClass`), registered under `model.name` so that the run's folder
+names it and `predict` can rebuild it in this process. Bad input raises `hslite.HSLiteError` (a subclass per kind) with
+the sentence the CLI would print. A call leaves the caller's process as it found it (threads, deterministic kernels,
+TF32, random generators, warning filters, log levels, environment: `hslite.caller_state`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hslite.caller_state import caller_state_kept
 from hslite.errors import ConfigError
+from hslite.recipe.config import text_value, value_text
 
 if TYPE_CHECKING:
     from hslite.compare.rows import CompareOptions, CompareRow
@@ -35,7 +38,7 @@ Overrides = Mapping[str, Any] | Sequence[str]
 
 
 def override_items(overrides: Overrides | None) -> list[str]:
-    """`key=value` strings from a dict ({"train.max_epochs": 3, "train.refit": True}) or a list of such strings."""
+    """`key=value` strings from a dict of Python values, each read back as exactly that value, or a list of them."""
     if overrides is None:
         return []
     if isinstance(overrides, str):
@@ -44,19 +47,8 @@ def override_items(overrides: Overrides | None) -> list[str]:
             f"write [{overrides!r}]."
         )
     if isinstance(overrides, Mapping):
-        return [f"{key}={_value_text(value)}" for key, value in overrides.items()]
+        return [f"{key}={value_text(value)}" for key, value in overrides.items()]
     return [str(item) for item in overrides]
-
-
-def _value_text(value: Any) -> str:
-    """A Python value as the command line writes it (what OmegaConf's dotlist parses back to the same value)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "null"
-    if isinstance(value, list | tuple):
-        return "[" + ",".join(_value_text(item) for item in value) + "]"
-    return str(value)
 
 
 def fit(recipe: str | None = None, overrides: Overrides | None = None, *, model: ModelClass | None = None) -> RunResult:
@@ -70,19 +62,20 @@ def fit(recipe: str | None = None, overrides: Overrides | None = None, *, model:
     if model is not None:
         from hslite.models import register
 
-        named = [item.partition("=")[2] for item in items if item.startswith("model.name=")]
-        name = named[-1] if named else str(getattr(model, "__name__", "")).lower()
+        named = [text_value(item.partition("=")[2]) for item in items if item.startswith("model.name=")]
+        name = str(named[-1]) if named else str(getattr(model, "__name__", "")).lower()
         register(name, model, replace=True)
-        items = [*items, f"model.name={name}"]
+        items = [*items, f"model.name={value_text(name)}"]
     from hslite.recipe.config import load_config
     from hslite.run.resume import resumed_config
 
     if recipe is not None:
-        items = [f"recipe={recipe}", *items]
+        items = [f"recipe={value_text(recipe)}", *items]
     cfg = resumed_config(items) if any(item.startswith("resume=") for item in items) else load_config(None, items)
     from hslite.run.fit import fit as fit_config  # torch + Lightning: only once the config is known to be valid
 
-    return fit_config(cfg)
+    with caller_state_kept():
+        return fit_config(cfg)
 
 
 def preflight(
@@ -113,14 +106,16 @@ def preflight(
             raise ConfigError("preflight takes a recipe or a module, not both: the module's own plan is `plan=`.")
         if (datamodule is None) == (sample_batch is None):
             raise ConfigError("preflight(module=...) needs exactly one of datamodule= and sample_batch= to probe with.")
-        batch = sample_batch if sample_batch is not None else first_batch(datamodule)
-        return preflight_module(module, batch, plan_from(plan), min_efficiency=min_efficiency)
+        with caller_state_kept():
+            batch = sample_batch if sample_batch is not None else first_batch(datamodule)
+            return preflight_module(module, batch, plan_from(plan), min_efficiency=min_efficiency)
     from hslite.recipe.config import load_config
 
     cfg = load_config(recipe, override_items(overrides))
     from hslite.recipe.gate import check_recipe
 
-    return check_recipe(cfg)
+    with caller_state_kept():
+        return check_recipe(cfg)
 
 
 @dataclass
@@ -154,10 +149,11 @@ def compare(
     from hslite.compare.rows import parse_options
 
     names = [recipes] if isinstance(recipes, str) else list(recipes)
-    options_items = [f"recipes={','.join(names)}", f"measure={_value_text(measure)}"]
-    options_items += [f"reference={_value_text(reference)}"] + ([f"steps={steps}"] if steps is not None else [])
+    options_items = [f"recipes={','.join(names)}", f"measure={value_text(measure)}"]
+    options_items += [f"reference={value_text(reference)}"] + ([f"steps={steps}"] if steps is not None else [])
     options = parse_options([*options_items, *override_items(overrides)])
-    rows, folder = run_compare(options)
+    with caller_state_kept():
+        rows, folder = run_compare(options)
     return CompareTable(rows=rows, folder=folder, options=options)
 
 
@@ -169,5 +165,7 @@ def predict(run: str | Path, cube: str | Path | None = None, overrides: Override
     from hslite.run.predict import parse_options
     from hslite.run.predict import predict as predict_options
 
-    items = [f"run={run}", *([f"cube={cube}"] if cube is not None else []), *override_items(overrides)]
-    return predict_options(parse_options(items))
+    items = [f"run={value_text(run)}", *([f"cube={value_text(cube)}"] if cube is not None else [])]
+    items += override_items(overrides)
+    with caller_state_kept():
+        return predict_options(parse_options(items))

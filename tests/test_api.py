@@ -23,12 +23,37 @@ def test_import_hslite_loads_neither_torch_nor_lightning_until_a_call_needs_them
         hslite.fitt  # noqa: B018
 
 
+def test_dict_overrides_arrive_in_the_config_as_the_values_given(monkeypatch):
+    import hslite.run.fit
+
+    loaded = []
+    monkeypatch.setattr(hslite.run.fit, "fit", loaded.append)
+    given = {
+        "data.class_names": ["corn, notill", "grass"],  # a comma inside a name is not a second name
+        "description": "true",  # a string that reads as a bool
+        "output.root": "1e-3",  # ... as a float
+        "data.root": "a=b: #c",  # YAML's own punctuation
+        "train.max_epochs": 3,
+        "train.refit": False,
+        "train.lr": 1e-3,
+    }
+    hslite.fit("quickstart", given)
+    (cfg,) = loaded
+    assert cfg.data.class_names == ["corn, notill", "grass"] and cfg.description == "true"
+    assert cfg.output.root == "1e-3" and cfg.data.root == "a=b: #c"
+    assert cfg.train.max_epochs == 3 and cfg.train.refit is False and cfg.train.lr == 1e-3
+    with pytest.raises(ConfigError, match=r"^description: a value with `\$\{\.\.\.\}` is an interpolation"):
+        hslite.fit("quickstart", {"description": "${x}"})
+    with pytest.raises(ConfigError, match=r"^description: a value with"):
+        hslite.fit("quickstart", ["description=${x}"])  # the command line's form: the same sentence
+
+
 def test_overrides_are_key_value_strings_or_a_dict_of_python_values():
-    assert override_items({"train.max_epochs": 3, "train.refit": True, "output.root": None, "a.b": [1, 2]}) == [
-        "train.max_epochs=3", "train.refit=true", "output.root=null", "a.b=[1,2]"]  # fmt: skip
     assert override_items(["train.max_epochs=3"]) == ["train.max_epochs=3"] and override_items(None) == []
     with pytest.raises(ConfigError, match=r"got the string 'train.max_epochs=3': write \['train.max_epochs=3'\]"):
         override_items("train.max_epochs=3")
+    with pytest.raises(ConfigError, match="type object"):
+        override_items({"train.lr": object()})
 
 
 @pytest.mark.slow

@@ -141,11 +141,8 @@ def print_compare(rows: list[CompareRow], options: CompareOptions, folder: Path,
 
 def plot_compare(path: Path, rows: list[CompareRow]) -> None:
     """Per row: predicted vs measured ECD, and predicted vs measured memory per device, bars side by side."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib.figure import Figure  # not pyplot: its backend and figure list are the caller's
 
     def values(name: str, scale: float = 1.0) -> np.ndarray:
         return np.array([math.nan if getattr(r, name) is None else getattr(r, name) / scale for r in rows])
@@ -155,7 +152,8 @@ def plot_compare(path: Path, rows: list[CompareRow]) -> None:
     labels = [label + ("\n(failed)" if row.failure else "") for label, row in zip(labels, rows, strict=True)]
     x, width = np.arange(len(rows)), 0.38
     measured = any(row.measured_step_seconds is not None for row in rows)
-    fig, axes = plt.subplots(1, 2, figsize=(max(9.0, 1.5 * len(rows) + 4), 5.2))
+    fig = Figure(figsize=(max(9.0, 1.5 * len(rows) + 4), 5.2))
+    axes = fig.subplots(1, 2)
     panels = (
         (axes[0], "ecd", 1.0, "samples/s per device (ECD)", "throughput per device"),
         (axes[1], "memory_bytes", 2**20, "peak memory per device (MiB)", "memory per device"),
@@ -176,4 +174,3 @@ def plot_compare(path: Path, rows: list[CompareRow]) -> None:
         fig.text(0.01, 0.01, "measured memory: " + "; ".join(methods), fontsize=7, wrap=True)
     fig.tight_layout(rect=(0, 0.05 if methods else 0, 1, 1))
     fig.savefig(path, dpi=120)
-    plt.close(fig)

@@ -49,14 +49,22 @@ def set_deterministic(deterministic: bool) -> None:
 class RankSetup(pl.Callback):
     """Apply the thread budget, train.deterministic, CUDA's math settings and quiet logging in every rank, at setup.
 
+    In a library call's own process these are set back when the call returns (`hslite.caller_state`).
+
     Oversubscribed gloo runs (N processes × all cores) were up to 30× slower here and make step times meaningless;
     the pre-flight probe measures a rank with exactly cores ÷ N threads, so training must use the same.
     """
 
     def __init__(
-        self, threads: int | None, deterministic: bool = False, tf32: bool = True, cudnn_benchmark: bool = True
+        self,
+        threads: int | None,
+        deterministic: bool = False,
+        tf32: bool = True,
+        cudnn_benchmark: bool = True,
+        spawned: bool = False,
     ) -> None:
         self.threads = threads
+        self.spawned = spawned  # the ranks are processes hslite started: their allocator is hslite's to set
         self.deterministic = deterministic  # train.deterministic: Lightning sets it in the launching process only
         self.tf32 = tf32
         # cuDNN's benchmark mode chooses kernels by timing them, which is not deterministic.
@@ -64,7 +72,8 @@ class RankSetup(pl.Callback):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:  # noqa: D102
         quiet_lightning()
-        keep_freed_memory()
+        if self.spawned:  # elsewhere the process is the CLI's (which set it already) or a caller's (allocator.py)
+            keep_freed_memory()
         set_deterministic(self.deterministic)
         set_cuda_math(self.tf32, self.cudnn_benchmark)
         if self.threads:

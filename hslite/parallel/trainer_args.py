@@ -51,7 +51,8 @@ def trainer_kwargs(
     from hslite.parallel.rank_setup import RankSetup
 
     threads = threads_per_process(plan) if plan.accelerator == "cpu" else None
-    callbacks.append(RankSetup(threads, deterministic, tf32=plan.tf32, cudnn_benchmark=plan.cudnn_benchmark))
+    spawned = plan.world_size > 1 and not launched
+    callbacks.append(RankSetup(threads, deterministic, plan.tf32, plan.cudnn_benchmark, spawned=spawned))
     kwargs["callbacks"] = callbacks
     return kwargs
 

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hslite.allocator import keep_freed_memory
+from hslite.allocator import keeps_freed_memory
 from hslite.cache import read_cache, write_cache
 from hslite.errors import ConfigError
 from hslite.parallel.box import threads_per_process
@@ -123,7 +123,7 @@ def probe_model(
         "tf32": tf32 if dev.type == "cuda" else None,
         "cudnn_benchmark": cudnn_benchmark if dev.type == "cuda" else None,
         "torch": torch.__version__,
-        "allocator_keeps_memory": keep_freed_memory(),
+        "allocator_keeps_memory": keeps_freed_memory(),
         "fields": PROBE_FIELDS_VERSION,
     }
     try:

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import difflib
 import importlib.resources
+import json
+import math
+from collections.abc import Mapping
 from dataclasses import fields, is_dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 import yaml
 from omegaconf import OmegaConf
-from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+from omegaconf.errors import ConfigKeyError, InterpolationResolutionError, OmegaConfBaseException
 
 from hslite.errors import ConfigError
 from hslite.recipe.schema import Config, check_config, valid_keys
@@ -87,6 +90,37 @@ def _expected_type(key: str) -> str:
     return f" (expected {node})" if isinstance(node, str) else ""
 
 
+def value_text(value: Any) -> str:
+    """A Python value as `key=value` text that `text_value` reads back as exactly that value.
+
+    Strings are written as JSON strings (a YAML double-quoted scalar), so `"true"`, `"1e-3"`, `"null"` and
+    `"corn, notill"` stay the strings they are instead of becoming a bool, a float, None or two list items.
+    """
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if hasattr(value, "tolist"):  # a numpy or torch scalar or array
+        value = value.tolist()
+    if isinstance(value, int | float):
+        return {math.inf: ".inf", -math.inf: "-.inf"}.get(value, ".nan" if math.isnan(value) else repr(value))
+    if isinstance(value, str | PurePath):
+        return json.dumps(str(value))
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(value_text(item) for item in value) + "]"
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{json.dumps(str(k))}: {value_text(v)}" for k, v in value.items()) + "}"
+    raise ConfigError(
+        f"an override value of type {type(value).__name__} ({value!r}) cannot be given: pass a string, number, bool, "
+        "None, or a list or dict of them."
+    )
+
+
+def text_value(text: str) -> Any:
+    """What `key=text` means on a command line: OmegaConf's YAML reading (`3` a number, `[a,b]` a list)."""
+    return OmegaConf.to_container(OmegaConf.from_dotlist([f"value={text}"]))["value"]
+
+
 def parse_overrides(items: list[str]) -> list[tuple[str, str]]:
     """Split `key=value` items; anything else is a usage error naming the item."""
     pairs = []
@@ -101,7 +135,7 @@ def parse_overrides(items: list[str]) -> list[tuple[str, str]]:
 def load_config(recipe: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Defaults < recipe < overrides, type- and range-checked; `recipe=NAME` may also come in overrides."""
     pairs = parse_overrides(list(overrides))
-    named = [v for k, v in pairs if k == "recipe"]
+    named = [str(text_value(v)) for k, v in pairs if k == "recipe"]
     recipe = (named[-1] if named else recipe) or "quickstart"  # the last one, as for every other key
     pairs = [(k, v) for k, v in pairs if k != "recipe"]
 
@@ -126,7 +160,14 @@ def load_config(recipe: str | None = None, overrides: list[str] | tuple[str, ...
         if key not in valid_keys():
             raise ConfigError(f"unknown key {key!r}.{_closest_keys(key)}")
         cfg = _merge(cfg, OmegaConf.from_dotlist([f"{key}={value}"]), "command line")
-    return check_config(OmegaConf.to_object(cfg))  # type: ignore[arg-type]
+    try:
+        resolved = OmegaConf.to_object(cfg)
+    except InterpolationResolutionError as err:
+        raise ConfigError(
+            f"{err.full_key or '?'}: a value with `${{...}}` is an interpolation, which hslite configs do not use; "
+            "write the value itself."
+        ) from None
+    return check_config(resolved)  # type: ignore[arg-type]
 
 
 def to_yaml(cfg: Config) -> str:

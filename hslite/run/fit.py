@@ -18,7 +18,6 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from hslite.allocator import keep_freed_memory
 from hslite.atomic import atomic_write
 from hslite.datasets.datamodule import HSIDataModule
 from hslite.datasets.fitted import FittedPreprocessing
@@ -41,6 +40,7 @@ from hslite.run.checkpoints import AtomicCheckpointIO, BestCheckpoint, LastCheck
 from hslite.run.evaluate import batch_limit, predictions
 from hslite.run.folder import RunFolder, check_writable
 from hslite.run.launched_run import FolderView, measured_links, run_folder, whole_task
+from hslite.run.loggers import check_installed, log_test_scores, tracker_environment, tracker_loggers
 from hslite.run.outputs import print_summary, write_json, write_scene_outputs
 from hslite.run.refit import refit
 from hslite.run.resume import LAST, check_checkpoint_config, flat_config
@@ -115,6 +115,7 @@ def fit(cfg: Config) -> RunResult:
     With parallel.plan=auto the plan is chosen first (`auto_plan.choose_plan`) and the chosen config is what runs.
     Under torchrun or srun every rank calls `fit` (`parallel.launched`, `run.launched_run`): each returns the run.
     """
+    check_installed(cfg.output.loggers)
     job = launched_job(deadlines_from_config(cfg))
     choice = None
     if cfg.parallel.plan == "auto" and job is not None:
@@ -133,7 +134,6 @@ def fit(cfg: Config) -> RunResult:
         job.check(plan)
         job.join(process_group_backend(plan.accelerator))
     quiet_lightning()
-    keep_freed_memory()
     pl.seed_everything(cfg.train.seed, workers=True, verbose=False)
     datamodule = prepared_datamodule(cfg)
     task = build_task(cfg, plan, datamodule)  # refuses band groups the plan cannot split or rotate
@@ -157,7 +157,7 @@ def fit(cfg: Config) -> RunResult:
         verdict = _gate(cfg, plan, datamodule)  # None when preflight.enabled=false
 
     leader = job is None or job.leader
-    with run_folder(parent, resume, job) as run:
+    with run_folder(parent, resume, job) as run, tracker_environment(cfg.output.loggers):
         if resume is None and leader:
             atomic_write(run.path / "config.yaml", lambda f: f.write(to_yaml(cfg).encode()))
             if choice is not None:
@@ -216,14 +216,14 @@ def _train_and_evaluate(
     job: LaunchedJob | None,
 ) -> dict[str, Any]:
     """Train (and refit) on every rank; evaluate where the run's reports are written (empty metrics elsewhere)."""
-    trainer, checkpoint = _trainer(cfg, plan, datamodule, run, last, launched=job is not None)
+    leader = job is None or job.leader
+    trainer, checkpoint = _trainer(cfg, plan, datamodule, run, last, launched=job is not None, leader=leader)
     resume_from = None if last is None else run.path / "checkpoints" / LAST  # Lightning restores from the bytes read
     wall_start = time.perf_counter()
     with watched_ranks(trainer, run.path / "ranks", deadlines_from_config(cfg), job):
         trainer.fit(task, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)  # whatever the strategy
     train_seconds = time.perf_counter() - wall_start
     task = whole_task(trainer, task, job, plan, lambda: build_task(cfg, plan, datamodule))
-    leader = job is None or job.leader
 
     best = Path(checkpoint.best_model_path).resolve() if checkpoint and checkpoint.best_model_path else None
     if best is not None and leader:
@@ -243,8 +243,11 @@ def _train_and_evaluate(
     targets = scene.gt[test[: len(scored), 0], test[: len(scored), 1]] - 1
     scores = task.score(torch.from_numpy(scored), torch.from_numpy(targets))
     write_scene_outputs(run.path, scores["confusion_matrix"], predicted, scene, datamodule.class_names)
+    metrics = run_metrics(scores, trainer, train_seconds, plan, datamodule)
+    # the training's last step as rank 0 counted it: trainer.global_step is 0 where the ranks were spawned
+    log_test_scores(trainer, scores, datamodule.class_names, step=metrics["optimizer_steps"])
     return {
-        **run_metrics(scores, trainer, train_seconds, plan, datamodule),
+        **metrics,
         "best_checkpoint": str(best.relative_to(run.path.resolve())) if best else None,
         "refit": refitted,
         "confusion_matrix": scores["confusion_matrix"].tolist(),
@@ -252,9 +255,18 @@ def _train_and_evaluate(
 
 
 def _trainer(
-    cfg: Config, plan: Plan, datamodule: HSIDataModule, run: RunFolder | FolderView, last: bytes | None, launched: bool
+    cfg: Config,
+    plan: Plan,
+    datamodule: HSIDataModule,
+    run: RunFolder | FolderView,
+    last: bytes | None,
+    launched: bool,
+    leader: bool,
 ) -> tuple[pl.Trainer, BestCheckpoint | None]:
-    """The plan's Trainer with hslite's callbacks, and the best-checkpoint callback when checkpoints are kept."""
+    """The plan's Trainer with hslite's callbacks, and the best-checkpoint callback when checkpoints are kept.
+
+    Only the leader's has output.loggers' trackers: the other launched ranks log nothing, and may not see its folder.
+    """
     from lightning.pytorch.loggers import CSVLogger
 
     work_dir, last_path = run.path, run.path / "checkpoints" / LAST
@@ -269,6 +281,7 @@ def _trainer(
         plan, cfg.train.progress, cfg.train.deterministic, launched=launched, deadlines=deadlines_from_config(cfg)
     )
     callbacks += kwargs.pop("callbacks", [])
+    trackers = tracker_loggers(cfg.output.loggers, work_dir, cfg.recipe, len(run.resumptions)) if leader else []
     steps_per_epoch = max(1, len(datamodule.train_dataloader()) // plan.dp)
     if cfg.train.limit_train_batches > 1:
         steps_per_epoch = min(steps_per_epoch, int(cfg.train.limit_train_batches))
@@ -282,7 +295,10 @@ def _trainer(
         log_every_n_steps=min(50, steps_per_epoch),
         callbacks=callbacks,
         # Lightning's CSV logger empties a metrics.csv it finds: a resumed part writes its own, logs/resumed-<n>/.
-        logger=CSVLogger(work_dir, name="logs", version=f"resumed-{len(run.resumptions)}" if run.resumptions else ""),
+        logger=[
+            CSVLogger(work_dir, name="logs", version=f"resumed-{len(run.resumptions)}" if run.resumptions else ""),
+            *trackers,
+        ],
         default_root_dir=work_dir,
         enable_checkpointing=cfg.output.save_checkpoint,
         plugins=[AtomicCheckpointIO(None if last is None else {last_path: last})],

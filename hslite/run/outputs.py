@@ -44,15 +44,13 @@ def class_colours(num_classes: int) -> np.ndarray:
 
 def plot_confusion(path: Path, confusion: np.ndarray, class_names: list[str]) -> None:
     """Row-normalised confusion matrix (recall per true class) with the counts annotated when it is small."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # not pyplot: its backend and figure list are the caller's
 
     counts = np.asarray(confusion, dtype=np.int64)
     recall = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
     size = max(4.0, 0.45 * len(class_names) + 2)
-    fig, ax = plt.subplots(figsize=(size + 1, size))
+    fig = Figure(figsize=(size + 1, size))
+    ax = fig.subplots()
     image = ax.imshow(recall, cmap="Blues", vmin=0, vmax=1)
     ax.set_xticks(range(len(class_names)), class_names, rotation=60, ha="right", fontsize=7)
     ax.set_yticks(range(len(class_names)), class_names, fontsize=7)
@@ -67,7 +65,6 @@ def plot_confusion(path: Path, confusion: np.ndarray, class_names: list[str]) ->
     ax.set_title("test confusion matrix")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def plot_map(
@@ -81,10 +78,7 @@ def plot_map(
 
     The legend numbers class i by `label_codes[i - 1]`, the code the label file and prediction.tif use, or by i.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # not pyplot: its backend and figure list are the caller's
     from matplotlib.patches import Patch
 
     colours = np.round(255 * class_colours(len(class_names))).astype(np.uint8)  # one byte a channel, not float64's 8
@@ -97,7 +91,8 @@ def plot_map(
     # A panel is drawn at most 2 × 4.5 inches wide: a larger map is shown by every step-th pixel, as nearest-neighbour
     # display would, so that matplotlib never holds RGBA copies of the whole scene (tens of bytes a pixel).
     step = max(1, -(-max(height, width) // int(2 * 4.5 * MAP_DPI)))
-    fig, axes = plt.subplots(1, len(panels), figsize=figsize, squeeze=False)
+    fig = Figure(figsize=figsize)
+    axes = fig.subplots(1, len(panels), squeeze=False)
     for ax, (labels, title) in zip(axes[0], panels, strict=True):
         ax.imshow(colours[labels[::step, ::step]], interpolation="nearest")
         ax.set_title(title)
@@ -108,7 +103,6 @@ def plot_map(
     fig.legend(handles=handles, loc="center right", fontsize=7, frameon=False)
     fig.tight_layout(rect=(0, 0, 0.78, 1))
     fig.savefig(path, dpi=MAP_DPI)
-    plt.close(fig)
 
 
 def summary_rows(metrics: dict[str, Any]) -> list[tuple[str, str]]:

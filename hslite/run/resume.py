@@ -18,13 +18,14 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from hslite.errors import ConfigError, DataError
-from hslite.recipe.config import load_config, parse_overrides
+from hslite.recipe.config import load_config, parse_overrides, text_value
 from hslite.recipe.schema import Config, DeadlinesConfig
 
 # Keys that may differ between the run and its resumption: none changes what is trained or how.
 # A run that a deadline ended is continued with a longer one: deadlines change when, not what, it trains.
+# Trackers (output.loggers) only watch; and a checkpoint written before the key existed stores no value for it.
 HARMLESS_KEYS = ("resume", "train.progress", "preflight.enabled", "preflight.enforce", "preflight.fresh",
-                 *(f"parallel.deadlines.{f.name}" for f in fields(DeadlinesConfig)))  # fmt: skip
+                 "output.loggers", *(f"parallel.deadlines.{f.name}" for f in fields(DeadlinesConfig)))  # fmt: skip
 _STAMP = re.compile(r"^\d{8}-\d{6}-\d{6}(-\d+)?(\.incomplete|\.failed)?$")
 LAST = "last.ckpt"
 
@@ -54,7 +55,7 @@ def config_differences(ours: dict[str, Any], theirs: dict[str, Any]) -> list[str
 def resumed_config(items: list[str]) -> Config:
     """The config of the run that `resume=` names, with the harmless overrides applied; anything else refused."""
     pairs = parse_overrides(items)
-    where = next(v for k, v in pairs if k == "resume")
+    where = str(next(text_value(v) for k, v in pairs if k == "resume"))
     rest = [f"{k}={v}" for k, v in pairs if k != "resume"]
     run = _find_run(where, rest)
     checkpoint = run / "checkpoints" / LAST
@@ -65,7 +66,7 @@ def resumed_config(items: list[str]) -> Config:
         )
     saved_path = run / "config.yaml"
     saved = load_config(str(saved_path))
-    recipe = next((v for k, v in reversed(pairs) if k == "recipe"), None)  # the last, as load_config takes
+    recipe = next((str(text_value(v)) for k, v in reversed(pairs) if k == "recipe"), None)  # the last, as load_config
     if recipe is not None and recipe not in (saved.recipe, str(saved_path)):
         raise ConfigError(f"resume={where}: {run} is a run of recipe {saved.recipe!r}, not {recipe!r}.")
     cfg = load_config(str(saved_path), [item for item in rest if not item.startswith("recipe=")])

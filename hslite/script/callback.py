@@ -24,6 +24,7 @@ import lightning.pytorch as pl
 import torch
 import torch.distributed as dist
 
+from hslite.caller_state import caller_state_kept
 from hslite.errors import ConfigError, HSLiteError
 from hslite.parallel.plan import Plan
 from hslite.preflight.candidates import candidate_plans
@@ -66,9 +67,11 @@ class PreflightGate(pl.Callback):
         outcome: tuple[str, Any] = ("error", "")
         if leader:
             try:
-                verdict = preflight_module(pl_module, batch, plan, link_for=lambda p: links.get(p.world_size, alone),
-                                           max_devices=plan.devices, min_efficiency=self.min_efficiency,
-                                           probe_steps=self.probe_steps, measure_loop=False)  # fmt: skip
+                with caller_state_kept():  # the probe seeds and sets threads: the user's run goes on with its own
+                    verdict = preflight_module(pl_module, batch, plan,
+                                               link_for=lambda p: links.get(p.world_size, alone),
+                                               max_devices=plan.devices, min_efficiency=self.min_efficiency,
+                                               probe_steps=self.probe_steps, measure_loop=False)  # fmt: skip
                 outcome = ("verdict", verdict)
             except HSLiteError as err:  # said on every rank, not only here while the others wait for a verdict
                 outcome = ("error", str(err))
