@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
 import math
-import time
 
 import pytest
 
@@ -94,16 +94,16 @@ def test_link_for_picks_intra_node_link_inside_a_node_and_inter_node_across():
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.timeout(60)
-def test_real_two_process_gloo_measurement_is_positive_fast_and_cached(cache_dir):
-    start = time.monotonic()
+def test_real_two_process_gloo_measurement_is_positive_and_cached(cache_dir, monkeypatch):
     link = measure_links(2, backend="gloo", threads_per_process=1, repeats=3, timeout_seconds=45)
-    elapsed = time.monotonic() - start
-    assert elapsed < 15, f"2-process measurement took {elapsed:.1f} s"
     assert link.alpha_seconds > 0 and 0 < link.bandwidth_bytes_per_second < math.inf
     assert 0.0 <= link.overlap <= 1.0 and len(link.points) >= 4
-    start = time.monotonic()
+    monkeypatch.setattr(
+        importlib.import_module("hslite.preflight.links").mp,
+        "start_processes",
+        lambda *a, **k: pytest.fail("a cache hit started ranks"),
+    )
     assert measure_links(2, backend="gloo", threads_per_process=1, repeats=3) == link
-    assert time.monotonic() - start < 1.0
 
 
 @pytest.mark.distributed

@@ -120,15 +120,14 @@ def test_every_timed_step_trains_on_a_batch_gathered_just_before_it_and_the_gath
     assert result.activation_bytes == 4 * b * (D + 2 * H + C) + 8 * b + 4
 
 
-def test_cache_hit_is_fast_and_fresh_remeasures(cache_dir, monkeypatch):
+def test_cache_hit_measures_nothing_and_fresh_remeasures(cache_dir, monkeypatch):
     calls = []
     measure = probe_module.measure_steps
     monkeypatch.setattr(probe_module, "measure_steps", lambda *a, **k: calls.append(1) or measure(*a, **k))
     kwargs = dict(batch_size=8, precision="32-true", threads=1, steps=2, cache_key="tiny-mlp")
     first = probe_model(linear_stack, make_batch, **kwargs)
-    start = time.monotonic()
     assert probe_model(linear_stack, make_batch, **kwargs) == first
-    assert time.monotonic() - start < 0.2 and len(calls) == 1
+    assert len(calls) == 1
     probe_model(linear_stack, make_batch, fresh=True, **kwargs)
     assert len(calls) == 2
     probe_model(linear_stack, make_batch, **{**kwargs, "batch_size": 4})  # another key measures again

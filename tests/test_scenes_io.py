@@ -56,13 +56,8 @@ def test_default_root_follows_environment(monkeypatch, tmp_path):
     assert "hslite" in str(scenes.default_data_root())
 
 
-def test_synthetic_scenes_are_deterministic_fast_and_shaped_like_indian_pines():
-    import time
-
-    start = time.perf_counter()
+def test_synthetic_scenes_are_deterministic_and_shaped_like_indian_pines():
     scene = load_scene("synthetic_indian_pines", seed=0)
-    elapsed_seconds = time.perf_counter() - start
-    assert elapsed_seconds < 2.0  # typically ~0.3 s; generous for a loaded 2-core CI machine
     assert scene.cube.shape == (145, 145, 200) and scene.cube.dtype == np.float32 and np.isfinite(scene.cube).all()
     assert np.bincount(scene.gt.ravel())[1:].tolist() == list(scene_specs.INDIAN_PINES_CLASS_COUNTS)
     assert scene.class_names == list(scene_specs.INDIAN_PINES_CLASSES)
