@@ -39,7 +39,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     from hslite.run.predict import parse_options, predict  # imports torch: only for this command
 
     result = predict(parse_options(args.overrides))
-    print(f"hslite predict: wrote {result.out_dir}")
+    print(f"hslite predict: wrote {result.out_dir} (georeference: {result.georeference})")
     return 0
 
 

@@ -83,13 +83,19 @@ def test_probabilities_in_blocks_into_an_output_folder(synthetic_run, tmp_path):
     np.testing.assert_array_equal(labels, _read(run / "prediction.tif")[0])
 
 
-def test_another_cube_file_without_georeference(synthetic_run, tmp_path):
+def test_the_runs_scene_from_a_file_without_georeference_keeps_the_runs(synthetic_run, tmp_path, capsys):
     cube, out = tmp_path / "same.npy", tmp_path / "out"
     np.save(cube, synthetic_run["cube"])
     assert main(["predict", f"run={synthetic_run['run']}", f"cube={cube}", f"output={out}"]) == 0
     labels, crs = _read(_only(out) / "prediction.tif")
-    assert crs is None
+    assert crs == synthetic_run["crs"] and "georeference: the run's scene's" in capsys.readouterr().out
     np.testing.assert_array_equal(labels, _read(synthetic_run["run"] / "prediction.tif")[0])
+    other = synthetic_run["cube"].copy()
+    other[0] += 1  # the same shape and bands, another flight line: the run's georeference would place it wrongly
+    np.save(cube, other)
+    assert main(["predict", f"run={synthetic_run['run']}", f"cube={cube}", f"output={out}"]) == 0
+    assert "georeference: none (the cube has none, and its values" in capsys.readouterr().out
+    assert _read(sorted(out.iterdir())[-1] / "prediction.tif")[1] is None  # the newer stamp
 
 
 def test_wrong_band_count_missing_run_and_missing_checkpoint_are_one_sentence(synthetic_run, tmp_path, capsys):

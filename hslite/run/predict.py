@@ -63,6 +63,7 @@ class PredictResult:
 
     out_dir: Path
     classes: np.ndarray
+    georeference: str  # where prediction.tif's CRS and transform came from, or why it has none
 
 
 def parse_options(items: list[str]) -> PredictOptions:
@@ -139,17 +140,42 @@ def _run_scene(prep: FittedPreprocessing) -> tuple[CubeFile, np.ndarray]:
     return replace(scene.source, crs=scene.crs, transform=scene.transform), scene.gt
 
 
+def _georeferenced(source: CubeFile, prep: FittedPreprocessing) -> tuple[CubeFile, str]:
+    """The cube with the georeference its map is written with, and a phrase saying where that came from.
+
+    A cube file without one (an ENVI cube whose georeference was in the run's label GeoTIFF, a .npy) that is the
+    run's scene (same shape and bands, same values in its first rows) takes the run's scene's.
+    """
+    if source.crs is not None or source.transform is not None:
+        return source, f"the cube's own ({source.source})"
+    scene, _ = _run_scene(prep)
+    if scene.crs is None and scene.transform is None:
+        return source, "none (neither the cube nor the run's scene has one)"
+    if scene.shape != source.shape:
+        return source, f"none (the cube has none, and its shape {source.shape} is not the run's scene's {scene.shape})"
+    rows = min(8, source.shape[0])
+    if not np.array_equal(source.read(0, rows), scene.read(0, rows)):
+        return source, "none (the cube has none, and its values are not the run's scene's, though its shape is)"
+    return replace(source, crs=scene.crs, transform=scene.transform), f"the run's scene's ({scene.source})"
+
+
 def predict(options: PredictOptions) -> PredictResult:
     """Map `options.cube` (by default the run's own scene) with the run in `options.run`."""
     run_dir = Path(options.run).expanduser()
     cfg, prep, model = load_run(run_dir)
-    source, gt = _run_scene(prep) if options.cube is None else (open_cube_spec(options.cube), None)
+    if options.cube is None:
+        source, gt = _run_scene(prep)
+        georeference = "the run's scene's" if source.crs is not None or source.transform is not None else "none"
+    else:
+        source, gt = open_cube_spec(options.cube), None
     height, width, bands = source.shape
     if bands != prep.raw_bands:
         raise DataError(
             f"{source.source} has {bands} bands but run {run_dir} was trained on a {prep.raw_bands}-band cube; "
             "predict needs a cube from the same sensor with the same bands."
         )
+    if options.cube is not None:
+        source, georeference = _georeferenced(source, prep)
     if patch_radius(prep.patch_size) >= min(height, width):
         raise DataError(
             f"{source.source} is {height}×{width} pixels, too small for the run's {prep.patch_size}-pixel patches."
@@ -180,11 +206,12 @@ def predict(options: PredictOptions) -> PredictResult:
         seconds = time.perf_counter() - started
         write_json(folder.path / "predict.json", {
             "run": str(run_dir.resolve()), "cube": options.cube or "the run's scene", "shape": list(source.shape),
-            "georeferenced": source.crs is not None, "block_rows": block_rows, "seconds": seconds,
+            "georeferenced": source.crs is not None, "georeference": georeference, "block_rows": block_rows,
+            "seconds": seconds,
             "pixels_per_second": height * width / max(seconds, 1e-9),
             "pixels_per_class": _pixels_per_class(codes, prep),
         })  # fmt: skip
-    return PredictResult(folder.path, classes)
+    return PredictResult(folder.path, classes, georeference)
 
 
 def _map_blocks(
