@@ -63,7 +63,7 @@ def cube_from_array(array: np.ndarray, source: str, crs: Any = None, transform: 
     return CubeFile(source, (rows, cols, bands), array.dtype, crs, transform, None, lambda a, b: array[a:b])
 
 
-def npy_cube(array: np.memmap, source: str) -> CubeFile:
+def npy_cube(array: np.ndarray, source: str) -> CubeFile:
     """A `.npy` cube as np.load(mmap_mode="r") maps it, each block copied out and its pages handed back (`released`)."""
     mapped = cube_from_array(array, source)
     copied = lambda start, stop: np.array(mapped.rows(start, stop), dtype=np.float32)  # noqa: E731

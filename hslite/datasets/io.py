@@ -18,6 +18,7 @@ import numpy as np
 
 from hslite.datasets.cube_file import BLOCK_BYTES, CubeFile, cube_from_array, npy_cube, released
 from hslite.errors import DataError
+from hslite.pickled import first_line, refused_as_pickled
 
 _TIFF_SUFFIXES = (".tif", ".tiff")
 _SPECTRAL_SUFFIXES = (".gis", ".lan")  # ERDAS 7.4 files that spectral.open_image understands
@@ -71,7 +72,7 @@ def _spectral_cube(path: Path) -> CubeFile:
     shape = (int(image.nrows), int(image.ncols), int(image.nbands))
     scale = float(image.scale_factor)
 
-    def rows(start: int, stop: int) -> np.ndarray:
+    def read_rows(start: int, stop: int) -> np.ndarray:
         block = image.read_subregion((start, stop), (0, shape[1]))  # through spectral's memory map, when it has one
         # spectral's own load() divides by the header's reflectance scale factor: keep its values
         return block if scale == 1 else np.divide(block, scale, dtype=np.float32)
@@ -80,7 +81,7 @@ def _spectral_cube(path: Path) -> CubeFile:
     wavelengths = None if not centres else wavelengths_to_nm(centres, image.bands.band_unit)
     crs, transform = georeference(Path(image.filename))  # GDAL reads an ENVI header's map info
     memmap = getattr(image, "_memmap", None)  # spectral's np.memmap of the file (None when it reads by seeks)
-    rows = rows if memmap is None else released(rows, memmap)
+    rows = read_rows if memmap is None else released(read_rows, memmap)
     return CubeFile(str(path), shape, np.dtype(image.dtype), crs, transform, wavelengths, rows, resident=False)
 
 
@@ -224,7 +225,14 @@ def _load_npy(path: Path, mmap: bool = False) -> np.ndarray:
     try:
         return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
     except (ValueError, OSError, EOFError) as err:
-        raise DataError(f"{path} could not be read as a .npy array ({err}); it is probably truncated.") from err
+        if refused_as_pickled(err):  # numpy's words advise an unsafe load: neither quoted nor chained
+            raise DataError(
+                f"{path} could not be read as a .npy array: it holds Python objects (or is no .npy file at all), "
+                "which hslite will not load; save it as a plain numeric array (np.save of a float or integer array)."
+            ) from None
+        raise DataError(
+            f"{path} could not be read as a .npy array ({first_line(err)}); it is probably truncated."
+        ) from err
 
 
 def _open_spectral(path: Path) -> Any:

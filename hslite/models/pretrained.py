@@ -1,10 +1,12 @@
 """Fine-tuning from a local pretrained checkpoint: weights loaded safely, every key accounted for, backbone frozen.
 
 `model.pretrained=PATH` loads a state dict (a plain one, or a Lightning checkpoint's `state_dict`, hslite's own runs
-included) into the freshly built model before training. The file is read with `torch.load(weights_only=True)`: a
-checkpoint is data, never code. Keys must match the architecture both ways, with the shapes it has; what a new scene
-changes on purpose (the head, for another number of classes) is named in `model.pretrained_exclude` and keeps its
-fresh initialisation. `model.freeze_backbone=true` then trains only those excluded parameters.
+included) into the freshly built model before training. A `.safetensors` file, as foundation-model weights are shared,
+is read with `safetensors.torch.load_file` (the optional `hslite[safetensors]`); any other file with
+`torch.load(weights_only=True)`. Either way a checkpoint is data, never code. Keys must match the architecture both
+ways, with the shapes it has; what a new scene changes on purpose (the head, for another number of classes) is named
+in `model.pretrained_exclude` and keeps its fresh initialisation. `model.freeze_backbone=true` then trains only those
+excluded parameters.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ import torch
 from torch import Tensor, nn
 
 from hslite.errors import ModelError
+from hslite.pickled import first_line, refused_as_pickled
 
 # A Lightning checkpoint of hslite's task keeps the network under this attribute (`HSIClassifier.model`); the task's
 # other entries (the loss's class weights, metric states) are not the network's.
 TASK_PREFIX = "model."
+SAFETENSORS_SUFFIX = ".safetensors"
 
 
 def load_pretrained(model: nn.Module, path: str | Path, exclude: Sequence[str] = (), freeze: bool = False) -> int:
@@ -28,14 +32,17 @@ def load_pretrained(model: nn.Module, path: str | Path, exclude: Sequence[str] =
     Returns the number of parameters left trainable. Refused with a sentence (and `model` untouched) when the file
     is missing or not a state dict, or when keys are missing, unexpected or of another shape.
     """
-    state = _state_dict(Path(path))
+    path = Path(path)
+    state = _safetensors_state(path) if path.suffix.lower() == SAFETENSORS_SUFFIX else _state_dict(path)
     own = model.state_dict()
     wanted = {k: v for k, v in own.items() if not _excluded(k, exclude)}
     missing = sorted(set(wanted) - set(state))
     unexpected = sorted(k for k in state if k not in own and not _excluded(k, exclude))
-    reshaped = sorted(k for k in wanted if k in state and tuple(state[k].shape) != tuple(wanted[k].shape))
-    if missing or unexpected or reshaped:
-        raise ModelError(_mismatch(Path(path), type(model).__name__, missing, unexpected, reshaped, own, state))
+    reshaped = [k for k in wanted if k in state and tuple(state[k].shape) != tuple(wanted[k].shape)]  # model order
+    if missing or unexpected:
+        raise ModelError(_mismatch(path, type(model).__name__, missing, unexpected, reshaped, own, state))
+    if reshaped:
+        raise ModelError(_reshaped(path, type(model).__name__, reshaped, own, state))
     model.load_state_dict({k: state[k] for k in wanted}, strict=False)
     if freeze:
         for name, param in model.named_parameters():
@@ -49,15 +56,39 @@ def load_pretrained(model: nn.Module, path: str | Path, exclude: Sequence[str] =
     return trainable
 
 
+def _safetensors_state(path: Path) -> dict[str, Tensor]:
+    """A `.safetensors` file's tensors by name: a flat state dict, used as it is (no Lightning prefix to strip)."""
+    _require_file(path)
+    try:
+        from safetensors.torch import load_file
+    except ImportError:
+        raise ModelError(
+            f"model.pretrained={path} is a .safetensors file, which needs the safetensors package: "
+            'pip install "hslite[safetensors]".'
+        ) from None
+    try:
+        return load_file(str(path), device="cpu")  # a str, which every safetensors release takes
+    except Exception as err:  # a truncated or foreign file (safetensors' errors say why and never advise unpickling)
+        raise ModelError(
+            f"model.pretrained={path} is not a .safetensors file that can be read ({first_line(err)}); save the "
+            "network's state_dict() with safetensors.torch.save_file."
+        ) from err
+
+
 def _state_dict(path: Path) -> dict[str, Tensor]:
-    if not path.is_file():
-        raise ModelError(f"model.pretrained={path}: no such file; give the path of a .pt/.ckpt state dict.")
+    _require_file(path)
     try:
         loaded = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # any unreadable or unsafe file ends here, with the reason torch gave
+    except Exception as err:  # any unreadable or unsafe file ends here
+        fix = "save the network's state_dict() with torch.save or safetensors.torch.save_file"
+        if refused_as_pickled(err):  # torch's words advise an unsafe load, which would run the file's code: not given
+            raise ModelError(
+                f"model.pretrained={path} is not a checkpoint of tensors that can be read safely: it holds other "
+                f"Python objects (or is no torch file at all), which hslite will not load; {fix}."
+            ) from None
         raise ModelError(
-            f"model.pretrained={path} is not a checkpoint of tensors that can be read safely "
-            f"({type(err).__name__}: {str(err).splitlines()[0]}); save the network's state_dict() with torch.save."
+            f"model.pretrained={path} is not a checkpoint of tensors that can be read safely ({first_line(err)}); "
+            f"{fix}."
         ) from err
     state = loaded.get("state_dict", loaded) if isinstance(loaded, Mapping) else None
     if not isinstance(state, Mapping) or not all(torch.is_tensor(v) for v in state.values()):
@@ -68,6 +99,13 @@ def _state_dict(path: Path) -> dict[str, Tensor]:
     if state is not loaded and any(k.startswith(TASK_PREFIX) for k in state):  # a Lightning checkpoint of hslite's
         state = {k[len(TASK_PREFIX) :]: v for k, v in state.items() if k.startswith(TASK_PREFIX)}
     return dict(state)
+
+
+def _require_file(path: Path) -> None:
+    if not path.is_file():
+        raise ModelError(
+            f"model.pretrained={path}: no such file; give the path of a .pt/.ckpt state dict or a .safetensors file."
+        )
 
 
 def _excluded(key: str, exclude: Sequence[str]) -> bool:
@@ -102,4 +140,20 @@ def _mismatch(
         f"Build the same architecture (model.name, model.size, data.patch_size, bands) as the checkpoint, and name "
         f"what this scene changes on purpose in model.pretrained_exclude (top-level parts: "
         f"{', '.join(_top_level(own))})."
+    )
+
+
+def _reshaped(
+    path: Path, model_name: str, reshaped: list[str], own: Mapping[str, Tensor], state: Mapping[str, Tensor]
+) -> str:
+    """One sentence for keys that all match but some shapes do not: the first such tensor, and the exclude to add."""
+    first, others = reshaped[0], reshaped[1:]
+    more = f" (and {len(others)} more of another shape: {', '.join(others[:3])}{', ...' if len(others) > 3 else ''})"
+    owners = list(dict.fromkeys(key.rsplit(".", 1)[0] for key in reshaped))  # the modules that hold them
+    part = "that part" if len(owners) == 1 else "those parts"
+    return (
+        f"model.pretrained={path} does not fit {model_name} as built for this scene: its tensor {first} is "
+        f"{tuple(state[first].shape)} in the file but {tuple(own[first].shape)} in the model{more if others else ''}; "
+        f"add model.pretrained_exclude=[{','.join(owners)}] to keep {part} freshly initialised, or build the "
+        "architecture the checkpoint was trained with (model.name, model.size, data.patch_size, bands)."
     )

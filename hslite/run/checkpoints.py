@@ -20,6 +20,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from hslite.atomic import atomic_write
 from hslite.errors import DataError
+from hslite.pickled import first_line, refused_as_pickled
 
 
 def atomic_torch_save(payload: Any, path: Path) -> None:
@@ -99,16 +100,16 @@ def read_checkpoint(path: Path, data: bytes | None = None) -> dict[str, Any]:
         raise DataError(f"checkpoint {path} does not exist.")
     try:
         return torch.load(path if data is None else io.BytesIO(data), map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:  # torch's advice (weights_only=False) would run the file's code: not given
+    except (pickle.UnpicklingError, RuntimeError, OSError, EOFError, ValueError, KeyError) as err:
+        if refused_as_pickled(err):  # torch's words advise an unsafe load, which would run the file's code: not given
+            raise DataError(
+                f"checkpoint {path} holds Python objects other than tensors and plain data (or is no torch file at "
+                "all), which hslite never writes and will not load (that could run code from the file); it is not a "
+                "checkpoint hslite wrote (a run's checkpoints/best.ckpt or last.ckpt)."
+            ) from None
         raise DataError(
-            f"checkpoint {path} holds objects other than tensors and plain data, which hslite does not unpickle (that "
-            "could run code from the file); it is not a checkpoint hslite wrote."
-        ) from err
-    except (RuntimeError, OSError, EOFError, ValueError) as err:
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise DataError(
-            f"checkpoint {path} cannot be read ({reason}): it is truncated, corrupt or not a checkpoint. hslite writes "
-            "checkpoints atomically, so this file was damaged or replaced after it was written."
+            f"checkpoint {path} cannot be read ({first_line(err)}): it is truncated, corrupt or not a checkpoint. "
+            "hslite writes checkpoints atomically, so this file was damaged or replaced after it was written."
         ) from err
 
 
