@@ -85,6 +85,7 @@ def plan_input(
 
     Reads no pixel of the cube; the label raster is counted (read whole, then dropped) for the labelled pixels.
     """
+    wavelengths: np.ndarray | Sequence[float] | None
     if own_scene is not None:
         cube = open_cube_spec(own_scene.cube, "data.scene")
         shape, resident, wavelengths = cube.shape, cube.resident, cube.wavelengths_nm

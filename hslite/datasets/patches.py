@@ -93,7 +93,8 @@ class PatchGatherer:
         self.rows = self.padded_rows - self.patch_size + 1
         self.cols = self.padded_cols - self.patch_size + 1
         self.device = torch.device(device)  # as asked: "cuda" is the device current where the cube is placed
-        self._kernel = _patchgather.gather if stores_bands_first(device, channels_last, use_kernel) else None
+        kernel = _patchgather if stores_bands_first(device, channels_last, use_kernel) else None
+        self._kernel = kernel.gather if kernel is not None else None
         if self._kernel is not None:
             self.storage = cube.permute(2, 0, 1).contiguous()  # band-major: the kernel copies rows of p floats
         else:

@@ -257,7 +257,7 @@ class ChannelGroupDDPStrategy(FencedDDPStrategy):
     def _register_hook(self, ddp: DistributedDataParallel, state: Any, hook: Any) -> None:
         self._order = ExchangeOrder(state, hook)
         ddp.register_comm_hook(self._order, ordered_hook)
-        groups = self.lightning_module.channel_groups
+        groups = getattr(self.lightning_module, "channel_groups", None)
         if groups is not None:
             groups.order = self._order
 

@@ -38,7 +38,7 @@ def current_cuda_math() -> tuple[bool, bool, bool]:
     """The switches set_cuda_math sets, as they are now: TF32 matmuls, TF32 convolutions, cuDNN's benchmark."""
     if _NEW_API:
         matmul = torch.backends.cuda.matmul.fp32_precision == "tf32"
-        conv = torch.backends.cudnn.conv.fp32_precision == "tf32"
+        conv = torch.backends.cudnn.conv.fp32_precision == "tf32"  # type: ignore[attr-defined]  # torch ≥ 2.9, unstubbed
     else:
         matmul, conv = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     return matmul, conv, torch.backends.cudnn.benchmark
@@ -60,7 +60,7 @@ def _set_cublas_tf32(on: bool) -> None:
     math. (The legacy `torch.backends.cuda.matmul.allow_tf32` getter then raises while TF32 is off: Lightning reads
     only the precision.)
     """
-    if _NEW_API and torch.backends.mkldnn.matmul.fp32_precision in _CPU_PINS_LEGACY:
+    if _NEW_API and torch.backends.mkldnn.matmul.fp32_precision in _CPU_PINS_LEGACY:  # type: ignore[attr-defined]
         torch.backends.cuda.matmul.fp32_precision = "tf32" if on else "ieee"
     else:
         torch.backends.cuda.matmul.allow_tf32 = on

@@ -131,8 +131,8 @@ def rank_failure(
             "issued different collectives, or a collective ran longer than the deadline"
         )
     elif isinstance(error, ProcessRaisedException) and _timed_out(error):
-        stalled = [r for r in killed if r != first] or [r for r in range(len(codes)) if r != first]
-        rank = stalled[0] if stalled else first
+        silent = [r for r in killed if r != first] or [r for r in range(len(codes)) if r != first]
+        rank = silent[0] if silent else first
         how = f"stopped responding: rank {first} {wait}"
     elif isinstance(error, ProcessRaisedException):
         rank = first

@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -106,8 +107,9 @@ class RotationSchedule:
         if grouped is not None:
             logits = [grouped(model, x, subset) for subset in subsets]
         else:
-            tokens = model.encode_groups(x, range(self.num_groups))
-            logits = [model.head(model.aggregate(tokens[:, subset], subset)) for subset in subsets]
+            banded: Any = model  # the band-group protocol (models/band_groups.py), which nn.Module does not declare
+            tokens = banded.encode_groups(x, range(self.num_groups))
+            logits = [banded.head(banded.aggregate(tokens[:, subset], subset)) for subset in subsets]
         return torch.stack([z.log_softmax(dim=-1) for z in logits]).logsumexp(dim=0) - math.log(len(logits))
 
 

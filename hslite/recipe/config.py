@@ -118,7 +118,8 @@ def value_text(value: Any) -> str:
 
 def text_value(text: str) -> Any:
     """What `key=text` means on a command line: OmegaConf's YAML reading (`3` a number, `[a,b]` a list)."""
-    return OmegaConf.to_container(OmegaConf.from_dotlist([f"value={text}"]))["value"]
+    read: Any = OmegaConf.to_container(OmegaConf.from_dotlist([f"value={text}"]))
+    return read["value"]
 
 
 def parse_overrides(items: list[str]) -> list[tuple[str, str]]:

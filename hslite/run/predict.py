@@ -126,7 +126,8 @@ def load_run(run_dir: Path) -> tuple[Config, FittedPreprocessing, nn.Module]:
         raise DataError(f"{checkpoint} does not hold this run's {type(model).__name__}: {detail}") from err
     p = cfg.parallel
     if p.rotation_groups and hasattr(model, "encode_groups"):  # evaluated as fit evaluated it: the subsets' ensemble
-        model = SubsetEnsemble(model, RotationSchedule(model.band_groups, p.rotation_groups, cfg.train.seed, p.chag))
+        banded: Any = model  # the band-group protocol (models/band_groups.py), which nn.Module does not declare
+        model = SubsetEnsemble(model, RotationSchedule(banded.band_groups, p.rotation_groups, cfg.train.seed, p.chag))
     return cfg, prep, model
 
 
