@@ -22,8 +22,8 @@ BATCHES = (64, 256, 1024, 2048)
 def _measure(keep: bool, patch: int, seconds: float) -> dict[str, float]:
     import torch
 
-    from hslite.allocator import keep_freed_memory
     from hslite.models import get_model
+    from hslite.process.allocator import keep_freed_memory
 
     if keep:
         keep_freed_memory()

@@ -13,7 +13,7 @@ of Python values, which arrive as given), plus what a command line cannot carry:
 that follows the model protocol (`hslite.models.ModelClass`), registered under `model.name` so that the run's folder
 names it and `predict` can rebuild it in this process. Bad input raises `hslite.HSLiteError` (a subclass per kind) with
 the sentence the CLI would print. A call leaves the caller's process as it found it (threads, deterministic kernels,
-TF32, random generators, warning filters, log levels, environment: `hslite.caller_state`).
+TF32, random generators, warning filters, log levels, environment: `hslite.process.caller_state`).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hslite.caller_state import caller_state_kept
 from hslite.errors import ConfigError
+from hslite.process.caller_state import caller_state_kept
 from hslite.recipe.config import text_value, value_text
 
 if TYPE_CHECKING:

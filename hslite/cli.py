@@ -22,8 +22,8 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from hslite.allocator import keep_freed_memory
 from hslite.errors import HSLiteError
+from hslite.process.allocator import keep_freed_memory
 
 EXIT_USAGE = 2
 
@@ -210,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(stray)}")
     if extras:
         args.overrides = [*args.overrides, *extras]
-    keep_freed_memory()  # for every command that trains, times or predicts (hslite.allocator says why)
+    keep_freed_memory()  # for every command that trains, times or predicts (hslite.process.allocator says why)
     try:
         code = args.handler(args)
     except HSLiteError as err:

@@ -14,10 +14,10 @@ import torch
 from quick_fit import NO_PREFLIGHT, QUICK_FIT
 
 import hslite
-import hslite.allocator as allocator
-from hslite.caller_state import QUIETED_LOGGERS, caller_state_kept
+import hslite.process.allocator as allocator
 from hslite.parallel.cuda_math import set_cuda_math
 from hslite.parallel.rank_setup import quiet_lightning
+from hslite.process.caller_state import QUIETED_LOGGERS, caller_state_kept
 
 
 def _state():

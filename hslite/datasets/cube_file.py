@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from hslite.allocator import release_freed_memory
 from hslite.errors import DataError
+from hslite.process.allocator import release_freed_memory
 
 BLOCK_BYTES = 64 * 2**20  # raw cube bytes per block of rows: big enough that a read is at disk speed
 

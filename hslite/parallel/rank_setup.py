@@ -13,8 +13,8 @@ import warnings
 import lightning.pytorch as pl
 import torch
 
-from hslite.allocator import keep_freed_memory
 from hslite.parallel.cuda_math import set_cuda_math
+from hslite.process.allocator import keep_freed_memory
 
 
 def quiet_lightning() -> None:
@@ -49,7 +49,7 @@ def set_deterministic(deterministic: bool) -> None:
 class RankSetup(pl.Callback):
     """Apply the thread budget, train.deterministic, CUDA's math settings and quiet logging in every rank, at setup.
 
-    In a library call's own process these are set back when the call returns (`hslite.caller_state`).
+    In a library call's own process these are set back when the call returns (`hslite.process.caller_state`).
 
     Oversubscribed gloo runs (N processes × all cores) were up to 30× slower here and make step times meaningless;
     the pre-flight probe measures a rank with exactly cores ÷ N threads, so training must use the same.
@@ -72,7 +72,7 @@ class RankSetup(pl.Callback):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:  # noqa: D102
         quiet_lightning()
-        if self.spawned:  # elsewhere the process is the CLI's (which set it already) or a caller's (allocator.py)
+        if self.spawned:  # else the process is the CLI's (which set it already) or a caller's (process/allocator.py)
             keep_freed_memory()
         set_deterministic(self.deterministic)
         set_cuda_math(self.tf32, self.cudnn_benchmark)

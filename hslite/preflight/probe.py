@@ -19,7 +19,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from hslite.allocator import keeps_freed_memory
 from hslite.cache import read_cache, write_cache
 from hslite.errors import ConfigError
 from hslite.parallel.box import threads_per_process
@@ -31,6 +30,7 @@ from hslite.preflight.ranks_together import measure_together
 from hslite.preflight.step_timing import device_label, measure_steps
 from hslite.preflight.timers import cuda_math
 from hslite.preflight.training_step import CLASSIFIER_STEP, TrainingStep
+from hslite.process.allocator import keeps_freed_memory
 
 PROBE_FIELDS_VERSION = 8  # bump when ProbeResult gains a field or one is measured anew: cached probes are re-measured
 PROBE_DEVICE = "cuda:0"  # the one GPU a GPU plan is probed on; the launching process touches no other

@@ -38,11 +38,11 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from hslite.allocator import keep_freed_memory
 from hslite.parallel.spawned_rank import end_finished_rank
 from hslite.preflight.chag_together import chag_layouts, chag_step
 from hslite.preflight.step_timing import timed_step
 from hslite.preflight.training_step import CLASSIFIER_STEP, TrainingStep
+from hslite.process.allocator import keep_freed_memory
 
 MAX_WINDOW_STEPS = 200  # a window of ms-scale steps; slower ones stop at the window
 

@@ -24,7 +24,6 @@ import lightning.pytorch as pl
 import torch
 import torch.distributed as dist
 
-from hslite.caller_state import caller_state_kept
 from hslite.errors import ConfigError, HSLiteError
 from hslite.parallel.plan import Plan
 from hslite.preflight.candidates import candidate_plans
@@ -32,6 +31,7 @@ from hslite.preflight.lightning_step import batch_rows
 from hslite.preflight.links import measure_launched_link
 from hslite.preflight.measurements import LinkModel
 from hslite.preflight.verdict import PreflightRefused, Verdict
+from hslite.process.caller_state import caller_state_kept
 from hslite.script.check import plan_of_trainer, preflight_module
 
 
