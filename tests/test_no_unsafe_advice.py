@@ -146,8 +146,8 @@ def test_a_file_of_pickled_objects_is_refused_in_hslites_words(tmp_path, case):
 
 
 def test_other_faults_are_still_quoted_even_when_the_files_name_says_pickle(tmp_path):
-    with pytest.raises(HSLiteError, match=r"not a split file written by Split.save \(FileNotFoundError: \[Errno 2\]"):
+    with pytest.raises(HSLiteError, match=r"cannot be read \(FileNotFoundError: \[Errno 2\].*not a split file"):
         Split.load(tmp_path / "pickled_split.npz")
     np.savez(tmp_path / "split.npz", kind=np.array("stratified"))
-    with pytest.raises(HSLiteError, match=r"not a split file written by Split.save \(KeyError: 'seed is not a file"):
+    with pytest.raises(HSLiteError, match=r"cannot be read \(KeyError: 'seed is not a file.*not a split file"):
         Split.load(tmp_path / "split.npz")

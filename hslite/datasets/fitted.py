@@ -18,8 +18,7 @@ import numpy as np
 
 from hslite.atomic import atomic_write
 from hslite.datasets.preprocess import BandNormalizer, PCAReducer, preprocess_block
-from hslite.errors import DataError
-from hslite.pickled import first_line, refused_as_pickled
+from hslite.errors import DataError, unreadable
 
 if TYPE_CHECKING:
     from hslite.datasets.datamodule import HSIDataModule
@@ -119,13 +118,11 @@ class FittedPreprocessing:
                 arrays = {name: data[name] for name in data.files}
             meta = json.loads(str(arrays["meta"]))
         except (OSError, ValueError, KeyError, zipfile.BadZipFile) as err:
-            if refused_as_pickled(err):  # numpy's words advise an unsafe load: neither quoted nor chained
-                raise DataError(
-                    f"{path} holds Python objects (or is no .npz file at all), which hslite never writes and will not "
-                    "load: it is not the preprocessing.npz that hslite fit saves in a run folder; point run= at such "
-                    "a folder, or train the run again with hslite fit."
-                ) from None
-            raise DataError(f"{path} could not be read ({first_line(err)}); it is truncated or not hslite's.") from err
+            why, cause = unreadable(err)
+            raise DataError(
+                f"{path}: {why}; it is not the preprocessing.npz that hslite fit saves in a run folder: point run= at "
+                "such a folder, or train the run again with hslite fit."
+            ) from cause
         if meta.get("format") != FORMAT:
             raise DataError(f"{path} is preprocessing format {meta.get('format')}; this hslite reads {FORMAT}.")
         normaliser = BandNormalizer(meta["normalisation"])

@@ -17,8 +17,7 @@ from typing import Any
 import numpy as np
 
 from hslite.datasets.cube_file import BLOCK_BYTES, CubeFile, cube_from_array, npy_cube, released
-from hslite.errors import DataError
-from hslite.pickled import first_line, refused_as_pickled
+from hslite.errors import DataError, unreadable
 
 _TIFF_SUFFIXES = (".tif", ".tiff")
 _SPECTRAL_SUFFIXES = (".gis", ".lan")  # ERDAS 7.4 files that spectral.open_image understands
@@ -225,14 +224,11 @@ def _load_npy(path: Path, mmap: bool = False) -> np.ndarray:
     try:
         return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
     except (ValueError, OSError, EOFError) as err:
-        if refused_as_pickled(err):  # numpy's words advise an unsafe load: neither quoted nor chained
-            raise DataError(
-                f"{path} could not be read as a .npy array: it holds Python objects (or is no .npy file at all), "
-                "which hslite will not load; save it as a plain numeric array (np.save of a float or integer array)."
-            ) from None
+        why, cause = unreadable(err)
         raise DataError(
-            f"{path} could not be read as a .npy array ({first_line(err)}); it is probably truncated."
-        ) from err
+            f"{path} could not be read as a .npy array: {why}; it is truncated, or not numbers: save it as a plain "
+            "numeric array (np.save of a float or integer array)."
+        ) from cause
 
 
 def _open_spectral(path: Path) -> Any:

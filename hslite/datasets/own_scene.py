@@ -16,8 +16,7 @@ import numpy as np
 
 from hslite.datasets.io import CubeFile, georeference, open_cube, read_labels, wavelengths_to_nm
 from hslite.datasets.scenes import Scene, get_scene_spec
-from hslite.errors import ConfigError, DataError
-from hslite.pickled import first_line, refused_as_pickled
+from hslite.errors import ConfigError, DataError, unreadable
 
 MAX_CLASSES = 255  # more distinct codes than this is a cube or a continuous raster given as the label map
 
@@ -159,13 +158,11 @@ def read_wavelengths(path: Path) -> np.ndarray:
             values = np.array(path.read_text().replace(",", " ").split(), dtype=np.float64)
         return wavelengths_to_nm(values)
     except (ValueError, OSError) as err:
-        fix = "give a numeric .npy array or a text file of numbers, one per band, in nm"
-        if refused_as_pickled(err):  # numpy's words advise an unsafe load: neither quoted nor chained
-            raise DataError(
-                f"{path} could not be read as band centres: it holds Python objects (or is no .npy file at all), "
-                f"which hslite will not load; {fix}."
-            ) from None
-        raise DataError(f"{path} could not be read as band centres ({first_line(err)}); {fix}.") from err
+        why, cause = unreadable(err)
+        raise DataError(
+            f"{path} could not be read as band centres: {why}; give a numeric .npy array or a text file of numbers, "
+            "one per band, in nm."
+        ) from cause
 
 
 def describe_file(spec: str) -> list[str]:

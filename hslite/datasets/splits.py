@@ -16,8 +16,7 @@ from typing import Any
 import numpy as np
 
 from hslite.datasets.preprocess import patch_radius
-from hslite.errors import DataError
-from hslite.pickled import first_line, refused_as_pickled
+from hslite.errors import DataError, unreadable
 
 SPLIT_KINDS = ("stratified", "count", "disjoint")
 DEFAULT_BLOCKS_PER_PATCH = 4  # split=disjoint with block_size=0: blocks of 4 × patch_size pixels a side
@@ -65,13 +64,9 @@ class Split:
                 patch = int(data["patch_size"]) if "patch_size" in data else -1
                 options = json.loads(str(data["options"])) if "options" in data else {}
         except (OSError, ValueError, KeyError, zipfile.BadZipFile) as err:
+            why, cause = unreadable(err)
             fix = "point data.split_file at a run's split.npz or remove the key"
-            if refused_as_pickled(err):  # numpy's words advise an unsafe load: neither quoted nor chained
-                raise DataError(
-                    f"{path} holds Python objects (or is no .npz file at all), which hslite never writes and will not "
-                    f"load: it is not a split file written by Split.save; {fix}."
-                ) from None
-            raise DataError(f"{path} is not a split file written by Split.save ({first_line(err)}); {fix}.") from err
+            raise DataError(f"{path}: {why}; it is not a split file written by Split.save: {fix}.") from cause
         subsets = {key: np.asarray(fields[key], dtype=np.int64).reshape(-1, 2) for key in ("train", "val", "test")}
         return cls(str(fields["kind"]), int(fields["seed"]), **subsets, patch_size=None if patch < 0 else patch,
                    options=options)  # fmt: skip

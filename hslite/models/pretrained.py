@@ -17,8 +17,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from hslite.errors import ModelError
-from hslite.pickled import first_line, refused_as_pickled
+from hslite.errors import ModelError, first_line, unreadable
 
 # A Lightning checkpoint of hslite's task keeps the network under this attribute (`HSIClassifier.model`); the task's
 # other entries (the loss's class weights, metric states) are not the network's.
@@ -80,16 +79,11 @@ def _state_dict(path: Path) -> dict[str, Tensor]:
     try:
         loaded = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # any unreadable or unsafe file ends here
-        fix = "save the network's state_dict() with torch.save or safetensors.torch.save_file"
-        if refused_as_pickled(err):  # torch's words advise an unsafe load, which would run the file's code: not given
-            raise ModelError(
-                f"model.pretrained={path} is not a checkpoint of tensors that can be read safely: it holds other "
-                f"Python objects (or is no torch file at all), which hslite will not load; {fix}."
-            ) from None
+        why, cause = unreadable(err)
         raise ModelError(
-            f"model.pretrained={path} is not a checkpoint of tensors that can be read safely ({first_line(err)}); "
-            f"{fix}."
-        ) from err
+            f"model.pretrained={path} is not a checkpoint of tensors that can be read safely: {why}; save the "
+            "network's state_dict() with torch.save or safetensors.torch.save_file."
+        ) from cause
     state = loaded.get("state_dict", loaded) if isinstance(loaded, Mapping) else None
     if not isinstance(state, Mapping) or not all(torch.is_tensor(v) for v in state.values()):
         raise ModelError(

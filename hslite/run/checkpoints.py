@@ -19,8 +19,7 @@ from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from hslite.atomic import atomic_write
-from hslite.errors import DataError
-from hslite.pickled import first_line, refused_as_pickled
+from hslite.errors import DataError, unreadable
 
 
 def atomic_torch_save(payload: Any, path: Path) -> None:
@@ -101,16 +100,11 @@ def read_checkpoint(path: Path, data: bytes | None = None) -> dict[str, Any]:
     try:
         return torch.load(path if data is None else io.BytesIO(data), map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, OSError, EOFError, ValueError, KeyError) as err:
-        if refused_as_pickled(err):  # torch's words advise an unsafe load, which would run the file's code: not given
-            raise DataError(
-                f"checkpoint {path} holds Python objects other than tensors and plain data (or is no torch file at "
-                "all), which hslite never writes and will not load (that could run code from the file); it is not a "
-                "checkpoint hslite wrote (a run's checkpoints/best.ckpt or last.ckpt)."
-            ) from None
+        why, cause = unreadable(err)
         raise DataError(
-            f"checkpoint {path} cannot be read ({first_line(err)}): it is truncated, corrupt or not a checkpoint. "
-            "hslite writes checkpoints atomically, so this file was damaged or replaced after it was written."
-        ) from err
+            f"checkpoint {path}: {why}; it is truncated, corrupt or not a checkpoint hslite wrote (a run's "
+            "checkpoints/best.ckpt or last.ckpt, written atomically: this one was damaged or replaced since)."
+        ) from cause
 
 
 def load_weights(path: Path) -> dict[str, torch.Tensor]:
