@@ -152,6 +152,7 @@ class HSIClassifier(pl.LightningModule):
 
         self.train_metrics = TrainingScores(c)
         self.val_metrics = collection("val/")
+        self.test_step_metrics = collection("test/")  # `trainer.test`: every rank tests its share, synced as val/
         # `score` sees the whole test set in one process; in a launched job that is rank 0 alone while the others
         # wait, so a sync on compute would wait for ranks that never call it.
         self.test_metrics = collection("test/", sync_on_compute=False)
@@ -228,15 +229,37 @@ class HSIClassifier(pl.LightningModule):
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         """Accumulate validation loss and metrics."""
-        x, y = batch
-        logits = self(x)
-        self.log("val/loss", self.batch_loss(logits, y), sync_dist=True, batch_size=len(y))
-        self.update_metrics([self.val_metrics], logits, self.own_targets(y))
+        self.evaluation_step(batch, "val/loss", self.val_metrics)
 
     def on_validation_epoch_end(self) -> None:
         """Log validation OA/AA/kappa (the checkpoint monitors val/OA)."""
-        self.log_dict(self.val_metrics.compute(), prog_bar=True)  # synced by torchmetrics
-        self.val_metrics.reset()
+        self.log_scores(self.val_metrics, prog_bar=True)
+
+    def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        """Accumulate test loss and metrics, for `trainer.test(task, datamodule=dm)` in a Lightning script.
+
+        `hslite fit` tests through `score` instead. AA here is torchmetrics' macro average, as val/AA is; `score`'s
+        leaves out a class with no test pixel.
+        """
+        self.evaluation_step(batch, "test/loss", self.test_step_metrics)
+
+    def on_test_epoch_end(self) -> None:
+        """Log test OA/AA/kappa: what `trainer.test` returns."""
+        self.log_scores(self.test_step_metrics)
+
+    def evaluation_step(
+        self, batch: tuple[torch.Tensor, torch.Tensor], loss_name: str, metrics: MetricCollection
+    ) -> None:
+        """A validation or test batch: its loss logged (averaged over the ranks) and `metrics` updated."""
+        x, y = batch
+        logits = self(x)
+        self.log(loss_name, self.batch_loss(logits, y), sync_dist=True, batch_size=len(y))
+        self.update_metrics([metrics], logits, self.own_targets(y))
+
+    def log_scores(self, metrics: MetricCollection, prog_bar: bool = False) -> None:
+        """Log the scores `metrics` accumulated over the epoch (torchmetrics syncs the ranks' states), then reset it."""
+        self.log_dict(metrics.compute(), prog_bar=prog_bar)
+        metrics.reset()
 
     def score(self, predicted: torch.Tensor, targets: torch.Tensor) -> dict[str, Any]:
         """Test OA, AA, kappa, per-class accuracy and confusion matrix of predicted classes against targets.

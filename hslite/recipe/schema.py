@@ -27,6 +27,9 @@ from hslite.recipe.ranges import (
     ranged,
 )
 
+# What output.loggers may name: csv (logs/metrics.csv, written whether named or not) and run/loggers.py's trackers.
+LOGGERS = ("csv", "tensorboard", "mlflow", "wandb")
+
 
 @dataclass
 class DataConfig:
@@ -175,6 +178,10 @@ class OutputConfig:
     save_checkpoint: bool = True  # keep the best checkpoint by validation OA, and last.ckpt to resume from
     checkpoint_every_n_epochs: int = ranged(1, AT_LEAST_1)  # write last.ckpt (atomically) every this many epochs
     save_map: bool = True  # predict the whole scene: map.png and prediction.tif
+    # trackers that get the training curves and test scores too, in the run folder (README "Trackers"): tensorboard,
+    # mlflow (MLFLOW_TRACKING_URI if set), wandb; each needs its extra, pip install "hslite[NAME]". [] means the CSV
+    # only: logs/metrics.csv is always written
+    loggers: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -214,6 +221,12 @@ def check_config(cfg: Config) -> Config:
     ):
         if value not in choices:
             problems.append(f"{key} must be one of {', '.join(repr(c) for c in choices)}, got {value!r}.")
+    unknown = [name for name in cfg.output.loggers if name not in LOGGERS]
+    if unknown:
+        problems.append(
+            f"output.loggers names {', '.join(repr(name) for name in unknown)}, which hslite has no logger for: "
+            f"name only {', '.join(repr(name) for name in LOGGERS[:-1])} or {LOGGERS[-1]!r}."
+        )
     if problems:
         raise ConfigError(" ".join(problems))
     return cfg

@@ -216,14 +216,14 @@ def _train_and_evaluate(
     job: LaunchedJob | None,
 ) -> dict[str, Any]:
     """Train (and refit) on every rank; evaluate where the run's reports are written (empty metrics elsewhere)."""
-    leader = job is None or job.leader
-    trainer, checkpoint = _trainer(cfg, plan, datamodule, run, last, launched=job is not None, leader=leader)
+    trainer, checkpoint = _trainer(cfg, plan, datamodule, run, last, launched=job is not None)
     resume_from = None if last is None else run.path / "checkpoints" / LAST  # Lightning restores from the bytes read
     wall_start = time.perf_counter()
     with watched_ranks(trainer, run.path / "ranks", deadlines_from_config(cfg), job):
         trainer.fit(task, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)  # whatever the strategy
     train_seconds = time.perf_counter() - wall_start
     task = whole_task(trainer, task, job, plan, lambda: build_task(cfg, plan, datamodule))
+    leader = job is None or job.leader
 
     best = Path(checkpoint.best_model_path).resolve() if checkpoint and checkpoint.best_model_path else None
     if best is not None and leader:
@@ -255,18 +255,9 @@ def _train_and_evaluate(
 
 
 def _trainer(
-    cfg: Config,
-    plan: Plan,
-    datamodule: HSIDataModule,
-    run: RunFolder | FolderView,
-    last: bytes | None,
-    launched: bool,
-    leader: bool,
+    cfg: Config, plan: Plan, datamodule: HSIDataModule, run: RunFolder | FolderView, last: bytes | None, launched: bool
 ) -> tuple[pl.Trainer, BestCheckpoint | None]:
-    """The plan's Trainer with hslite's callbacks, and the best-checkpoint callback when checkpoints are kept.
-
-    Only the leader's has output.loggers' trackers: the other launched ranks log nothing, and may not see its folder.
-    """
+    """The plan's Trainer with hslite's callbacks, and the best-checkpoint callback when checkpoints are kept."""
     from lightning.pytorch.loggers import CSVLogger
 
     work_dir, last_path = run.path, run.path / "checkpoints" / LAST
@@ -281,6 +272,8 @@ def _trainer(
         plan, cfg.train.progress, cfg.train.deterministic, launched=launched, deadlines=deadlines_from_config(cfg)
     )
     callbacks += kwargs.pop("callbacks", [])
+    # output.loggers' trackers where the run's folder is made; the other launched ranks log nothing, may not see it
+    leader = isinstance(run, RunFolder)
     trackers = tracker_loggers(cfg.output.loggers, work_dir, cfg.recipe, len(run.resumptions)) if leader else []
     steps_per_epoch = max(1, len(datamodule.train_dataloader()) // plan.dp)
     if cfg.train.limit_train_batches > 1:

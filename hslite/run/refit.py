@@ -63,6 +63,9 @@ def refit(
         log_every_n_steps=min(50, max(1, len(datamodule.train_dataloader()))),
         num_sanity_val_steps=0,
         callbacks=callbacks,
+        # CSV only, not output.loggers' trackers: a second training from step 0 in the first one's TensorBoard folder
+        # would hide that one's curves (it drops steps logged again), and in its MLflow run would interleave with
+        # them. The trackers get the refitted model's test scores (`loggers.log_test_scores`).
         logger=CSVLogger(run_dir, name="logs", version="refit"),
         default_root_dir=run_dir,
         enable_checkpointing=False,
