@@ -9,9 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hslite.parallel.cuda_math import _NEW_API, current_cuda_math, restore_cuda_math, set_cuda_math
-
-pytestmark = pytest.mark.skipif(not _NEW_API, reason="torch < 2.9 has one precision record: nothing can disagree")
+from hslite.parallel.cuda_math import current_cuda_math, restore_cuda_math, set_cuda_math
 
 cuda_matmul, cpu_matmul, cudnn = torch.backends.cuda.matmul, torch.backends.mkldnn.matmul, torch.backends.cudnn
 
@@ -32,6 +30,7 @@ def process_precision():
 
 @pytest.mark.parametrize("tf32", [True, False])
 def test_lightnings_precision_reads_what_set_cuda_math_set_and_then_what_was_there(tf32):
+    torch.set_float32_matmul_precision("highest")  # torch's default: no CPU precision that pins the legacy record
     before = torch.get_float32_matmul_precision()
     previous = set_cuda_math(tf32, cudnn_benchmark=False)
     assert torch.get_float32_matmul_precision() == ("high" if tf32 else "highest")

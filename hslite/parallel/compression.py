@@ -144,9 +144,7 @@ def int8_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.futures
         state._keep_residual(bucket, x[:numel])
     gathered = torch.empty(world, row.numel(), dtype=torch.int8, device=buffer.device)
     state.add_quantise_time(started, _clock(buffer.device))
-    # torch ≥ 2.10 renamed all_gather_into_tensor; pyproject allows torch ≥ 2.6.
-    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    all_gather(gathered.view(-1), row, group=group)
+    dist.all_gather_single(gathered.view(-1), row, group=group)  # all_gather_into_tensor's name since torch 2.10
 
     started = _clock(buffer.device)
     all_scales = _scales(gathered, shard)

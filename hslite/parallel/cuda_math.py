@@ -1,11 +1,11 @@
 """CUDA's math switches a plan sets in every rank and the probe times with: TF32 and cuDNN's benchmark mode.
 
-Both are process-wide and torch leaves TF32 off for matmuls. torch ≥ 2.9 keeps two records of the matmul precision:
+Both are process-wide and torch leaves TF32 off for matmuls. torch keeps two records of the matmul precision:
 the legacy one, which `torch.get_float32_matmul_precision()` returns (Lightning reads it whenever a run sets up a
 CUDA device), and one `fp32_precision` per backend. That getter raises ("mix of the legacy and new APIs") once the
 records disagree, as they do after `torch.backends.cuda.matmul.fp32_precision = "tf32"` alone. So the switches are
 set through the legacy setters, which keep both records in step (`at::Context::setAllowTF32CuBLAS`), and read
-through `fp32_precision` where torch has it, whose getters answer in any state. The CPU's own (oneDNN) matmul
+through `fp32_precision`, whose getters answer in any state. The CPU's own (oneDNN) matmul
 precision is never set here. Imports torch alone: the probe's spawned CPU ranks import this without paying for
 Lightning.
 """
@@ -14,11 +14,6 @@ from __future__ import annotations
 
 import torch
 
-_NEW_API = (
-    hasattr(torch.backends.cuda.matmul, "fp32_precision")
-    and hasattr(torch.backends.cudnn, "conv")
-    and hasattr(torch.backends.mkldnn, "matmul")
-)
 # oneDNN matmul precisions that `torch.set_float32_matmul_precision("high" | "medium")` sets, and that hold the legacy
 # record at that value: a legacy cuBLAS setter, which writes "high" or "highest" there, would contradict them.
 _CPU_PINS_LEGACY = ("tf32", "bf16")
@@ -36,11 +31,8 @@ def set_cuda_math(tf32: bool, cudnn_benchmark: bool) -> tuple[bool, bool, bool]:
 
 def current_cuda_math() -> tuple[bool, bool, bool]:
     """The switches set_cuda_math sets, as they are now: TF32 matmuls, TF32 convolutions, cuDNN's benchmark."""
-    if _NEW_API:
-        matmul = torch.backends.cuda.matmul.fp32_precision == "tf32"
-        conv = torch.backends.cudnn.conv.fp32_precision == "tf32"  # type: ignore[attr-defined]  # torch ≥ 2.9, unstubbed
-    else:
-        matmul, conv = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    matmul = torch.backends.cuda.matmul.fp32_precision == "tf32"
+    conv = torch.backends.cudnn.conv.fp32_precision == "tf32"  # type: ignore[attr-defined]  # not in torch's stubs
     return matmul, conv, torch.backends.cudnn.benchmark
 
 
@@ -60,7 +52,7 @@ def _set_cublas_tf32(on: bool) -> None:
     math. (The legacy `torch.backends.cuda.matmul.allow_tf32` getter then raises while TF32 is off: Lightning reads
     only the precision.)
     """
-    if _NEW_API and torch.backends.mkldnn.matmul.fp32_precision in _CPU_PINS_LEGACY:  # type: ignore[attr-defined]
+    if torch.backends.mkldnn.matmul.fp32_precision in _CPU_PINS_LEGACY:  # type: ignore[attr-defined]
         torch.backends.cuda.matmul.fp32_precision = "tf32" if on else "ieee"
     else:
         torch.backends.cuda.matmul.allow_tf32 = on

@@ -23,7 +23,7 @@ from typing import Any
 # Loggers hslite sets a level on (`rank_setup.quiet_lightning`), kept even where they do not exist yet.
 QUIETED_LOGGERS = ("lightning.pytorch.utilities.rank_zero",)
 _SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2") if hasattr(signal, name))
-# torch ≥ 2.9's per-backend TF32 records; older torch has the legacy switches alone.
+# torch's per-backend TF32 records, beside the legacy matmul precision.
 _PRECISION_RECORDS = ("backends", "backends.cuda.matmul", "backends.cudnn", "backends.cudnn.conv",
                       "backends.cudnn.rnn", "backends.mkldnn", "backends.mkldnn.matmul", "backends.mkldnn.conv",
                       "backends.mkldnn.rnn")  # fmt: skip
@@ -89,18 +89,12 @@ def _restore(state: dict[str, Any]) -> None:
 
 
 def _tf32_state(torch: Any) -> dict[str, Any]:
-    """The legacy matmul precision and, where torch has them, each backend's fp32_precision record."""
+    """The legacy matmul precision and each backend's fp32_precision record."""
     try:
         legacy = torch.get_float32_matmul_precision()
     except RuntimeError:  # torch ≥ 2.9 when the records disagree ("mix of the legacy and new APIs")
         legacy = None
-    records = {}
-    for path in _PRECISION_RECORDS:
-        holder = _attribute(torch, path)
-        if holder is not None and hasattr(holder, "fp32_precision"):
-            records[path] = holder.fp32_precision
-    allow = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) if not records else None
-    return {"legacy": legacy, "records": records, "allow": allow}
+    return {"legacy": legacy, "records": {path: _attribute(torch, path).fp32_precision for path in _PRECISION_RECORDS}}
 
 
 def _set_tf32_state(torch: Any, state: dict[str, Any]) -> None:
@@ -110,13 +104,9 @@ def _set_tf32_state(torch: Any, state: dict[str, Any]) -> None:
         holder = _attribute(torch, path)
         if holder.fp32_precision != value:
             holder.fp32_precision = value
-    if state["allow"] is not None:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = state["allow"]
 
 
 def _attribute(root: Any, path: str) -> Any:
     for name in path.split("."):
-        root = getattr(root, name, None)
-        if root is None:
-            return None
+        root = getattr(root, name)
     return root

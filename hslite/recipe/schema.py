@@ -246,7 +246,8 @@ def described_keys(cls: type = Config, prefix: str = "") -> list[tuple[str, Any,
         if sub is not None:
             keys += described_keys(sub, f"{prefix}{f.name}.")  # type: ignore[arg-type]
         else:
-            default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+            factory: Any = f.default_factory  # MISSING when the field has a plain default
+            default = f.default if f.default is not MISSING else factory()
             keys.append((prefix + f.name, default, notes.get(f.name, "")))
     return keys
 

@@ -105,9 +105,8 @@ def check_non_finite(rank: int, world: int) -> dict:
 def check_wire_bytes(rank: int, world: int) -> dict:
     """Count bytes from the tensors handed to the collectives, by wrapping them."""
     counted = {"bytes": 0}
-    a2a, gather_name = dist.all_to_all_single, "all_gather_single" if hasattr(dist, "all_gather_single") else None
-    gather_name = gather_name or "all_gather_into_tensor"
-    gather = getattr(dist, gather_name)
+    a2a, gather_name = dist.all_to_all_single, "all_gather_single"
+    gather = dist.all_gather_single
 
     def counting_a2a(output, input, *args, **kwargs):
         counted["bytes"] += input.numel() * input.element_size() * (world - 1) // world  # own row stays home
