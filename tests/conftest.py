@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from hslite.process.caller_state import caller_state_kept
+
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
@@ -23,3 +25,11 @@ def tiny_scene():
     from hslite.datasets.scenes import load_scene
 
     return load_scene("synthetic_tiny", seed=0)
+
+
+@pytest.fixture(autouse=True)
+def process_state_of_its_own():
+    """Every test starts from the process state the last one found: a test that runs the CLI in-process (`main`)
+    leaves what a CLI process keeps (TF32, threads, ...), which no later test should inherit."""
+    with caller_state_kept():
+        yield

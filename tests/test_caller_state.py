@@ -51,17 +51,13 @@ def _snapshot():
 @pytest.fixture
 def a_callers_state():
     """A caller with settings of its own: one thread, deterministic kernels (warn only), a seed, a precision."""
-    keep = _snapshot()
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.set_float32_matmul_precision("high")
-    torch.manual_seed(1234)
-    warnings.simplefilter("default")
-    yield
-    torch.set_num_threads(keep["threads"])
-    deterministic, warn_only = keep["deterministic"]
-    torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
-    torch.set_float32_matmul_precision(keep["matmul_precision"])
+    with caller_state_kept():
+        torch.set_num_threads(1)
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.set_float32_matmul_precision("high")
+        torch.manual_seed(1234)
+        warnings.simplefilter("default")
+        yield
 
 
 def test_everything_a_run_sets_comes_back_after_the_body_returns_or_raises(a_callers_state):
