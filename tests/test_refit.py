@@ -46,3 +46,12 @@ def test_refit_trains_on_training_and_validation_pixels_for_the_epochs_validatio
     (out,) = (run / "predict").iterdir()
     with rasterio.open(run / "prediction.tif") as ours, rasterio.open(out / "prediction.tif") as theirs:
         np.testing.assert_array_equal(ours.read(), theirs.read())
+
+
+def test_the_log_interval_is_an_epoch_of_each_ranks_steps_at_most():
+    from hslite.parallel.plan import Plan
+    from hslite.run.evaluate import log_interval
+
+    two = Plan(devices=2, accelerator="cpu")
+    assert log_interval(33, two, 1.0) == 16 and log_interval(33, Plan(), 1.0) == 33  # each rank steps 33 // 2 times
+    assert log_interval(500, Plan(), 1.0) == 50 and log_interval(500, Plan(), 7) == 7 and log_interval(1, two, 1.0) == 1

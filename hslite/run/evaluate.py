@@ -64,3 +64,13 @@ def batch_limit(value: float) -> float | int | None:
     if value == 1.0:
         return None
     return int(value) if value > 1 else float(value)
+
+
+def log_interval(loader_batches: int, plan: Plan, limit: float) -> int:
+    """Lightning's log_every_n_steps: 50, or an epoch's steps on each rank when fewer (`limit`: limit_train_batches).
+
+    Lightning warns when the interval is longer than an epoch, and each of the plan's dp ranks steps through
+    1/dp of the loader.
+    """
+    steps = max(1, loader_batches // plan.dp)
+    return min(50, steps, int(limit)) if limit > 1 else min(50, steps)

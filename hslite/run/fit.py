@@ -37,7 +37,7 @@ from hslite.recipe.build import build_task, deadlines_from_config, plan_from_con
 from hslite.recipe.config import to_yaml
 from hslite.recipe.schema import Config
 from hslite.run.checkpoints import AtomicCheckpointIO, BestCheckpoint, LastCheckpoint, load_weights, read_checkpoint
-from hslite.run.evaluate import batch_limit, predictions
+from hslite.run.evaluate import batch_limit, log_interval, predictions
 from hslite.run.folder import RunFolder, check_writable
 from hslite.run.launched_run import FolderView, measured_links, run_folder, whole_task
 from hslite.run.loggers import check_installed, log_test_scores, tracker_environment, tracker_loggers
@@ -275,9 +275,6 @@ def _trainer(
     # output.loggers' trackers where the run's folder is made; the other launched ranks log nothing, may not see it
     leader = isinstance(run, RunFolder)
     trackers = tracker_loggers(cfg.output.loggers, work_dir, cfg.recipe, len(run.resumptions)) if leader else []
-    steps_per_epoch = max(1, len(datamodule.train_dataloader()) // plan.dp)
-    if cfg.train.limit_train_batches > 1:
-        steps_per_epoch = min(steps_per_epoch, int(cfg.train.limit_train_batches))
     trainer = pl.Trainer(
         **kwargs,
         max_epochs=cfg.train.max_epochs,
@@ -285,7 +282,7 @@ def _trainer(
         limit_train_batches=batch_limit(cfg.train.limit_train_batches),
         limit_val_batches=batch_limit(cfg.train.limit_val_batches),
         check_val_every_n_epoch=cfg.train.check_val_every_n_epoch,
-        log_every_n_steps=min(50, steps_per_epoch),
+        log_every_n_steps=log_interval(len(datamodule.train_dataloader()), plan, cfg.train.limit_train_batches),
         callbacks=callbacks,
         # Lightning's CSV logger empties a metrics.csv it finds: a resumed part writes its own, logs/resumed-<n>/.
         logger=[

@@ -27,7 +27,7 @@ from hslite.parallel.trainer_args import trainer_kwargs
 from hslite.recipe.build import build_task, deadlines_from_config
 from hslite.recipe.schema import Config
 from hslite.run.checkpoints import AtomicCheckpointIO
-from hslite.run.evaluate import batch_limit
+from hslite.run.evaluate import batch_limit, log_interval
 from hslite.run.launched_run import whole_task
 from hslite.run.resume import flat_config
 from hslite.run.training_state import TrainingState
@@ -60,7 +60,7 @@ def refit(
         max_epochs=epochs,
         limit_train_batches=batch_limit(cfg.train.limit_train_batches),
         limit_val_batches=0,  # the validation pixels are training pixels now
-        log_every_n_steps=min(50, max(1, len(datamodule.train_dataloader()))),
+        log_every_n_steps=log_interval(len(datamodule.train_dataloader()), plan, cfg.train.limit_train_batches),
         num_sanity_val_steps=0,
         callbacks=callbacks,
         # CSV only, not output.loggers' trackers: a second training from step 0 in the first one's TensorBoard folder
