@@ -151,6 +151,8 @@ class HSIClassifier(pl.LightningModule):
             )
 
         self.train_metrics = TrainingScores(c)
+        self._loss_sum: torch.Tensor | None = None  # train/loss since the last logging step (training_step)
+        self._loss_steps = 0
         self.val_metrics = collection("val/")
         self.test_step_metrics = collection("test/")  # `trainer.test`: every rank tests its share, synced as val/
         # `score` sees the whole test set in one process; in a launched job that is rank 0 alone while the others
@@ -183,16 +185,22 @@ class HSIClassifier(pl.LightningModule):
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         """One optimisation step's loss.
 
-        train/loss is logged every step but read on the host only on logging steps: Lightning 2.6 turns a step value
-        into a number when it writes the loggers (every `log_every_n_steps`), and for the progress bar at the end of
-        every batch (`_ResultCollection.metrics`), whatever the bar's refresh rate and even with no bar. So it is
-        not on the progress bar, which shows the validation scores; metrics.csv has the loss of each logging step.
+        train/loss is the mean loss of the steps since the last logging step, summed on the device and logged on
+        logging steps (every `log_every_n_steps`) and at each epoch's last batch only: a `self.log` call costs
+        about as much as a small model's whole step (benchmarks/framework_tax.py), and the loggers read only the
+        logging steps' values anyway. It is not on
+        the progress bar, which shows the validation scores: Lightning reads a bar value to the host every batch.
         """
         x, y = batch
         logits = self.training_logits(x)
         loss = self.batch_loss(logits, y)
         self.update_metrics([self.train_metrics], logits.detach(), self.own_targets(y))
-        self.log("train/loss", loss, batch_size=len(y))
+        self._loss_sum = loss.detach() if self._loss_sum is None else self._loss_sum + loss.detach()
+        self._loss_steps += 1
+        trainer = self.trainer  # Lightning's own rule for when it writes the loggers; and each epoch's last batch
+        if trainer._logger_connector.should_update_logs or trainer.is_last_batch:
+            self.log("train/loss", self._loss_sum / self._loss_steps, batch_size=len(y))
+            self._loss_sum, self._loss_steps = None, 0
         return loss
 
     @staticmethod

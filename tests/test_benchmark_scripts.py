@@ -155,3 +155,14 @@ def test_allocator_benchmark_quick(tmp_path: Path) -> None:
     for _, _, default, kept, ratio in rows:  # samples/s rounded to whole numbers, the ratio to 0.01
         assert float(ratio) == pytest.approx(float(kept) / float(default), abs=0.006 + 2 / float(default))
     assert last == f"kept / default at batch 2048, 9x9: {rows[-1][4]}x"  # the last row is 9x9 at batch 2048
+
+
+@pytest.mark.slow
+def test_framework_tax_quick(tmp_path: Path) -> None:
+    result = _run([sys.executable, "benchmarks/framework_tax.py", "--quick"], tmp_path, timeout_seconds=300)
+    rows = [line.split() for line in result.stdout.splitlines() if re.match(r"^(cnn3d|cnn1d)\s+\d", line)]
+    assert [row[0] for row in rows] == ["cnn3d", "cnn1d"]
+    for _, ours, theirs, ratio in rows:  # milliseconds to 0.01, the ratio to 0.01
+        assert float(ratio.rstrip("×")) == pytest.approx(float(ours) / float(theirs), abs=0.006 + 0.01 / float(theirs))
+    model, *_, ratio = max(rows, key=lambda row: float(row[3].rstrip("×")))
+    assert _last_line(result) == f"hslite step / hand-written loop: worst {ratio} ({model})"

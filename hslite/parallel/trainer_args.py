@@ -26,9 +26,9 @@ def trainer_kwargs(
     (`parallel.launched`), so none is spawned. CPU ranks use gloo with cores ÷ N threads each. `deadlines`: how long
     the ranks' process group waits at start-up, in a collective and at a fence (`deadlines.py`).
     """
-    from lightning.pytorch.callbacks import RichProgressBar
+    from hslite.parallel.progress_bar import RedrawnProgressBar
 
-    callbacks: list[Any] = [RichProgressBar(leave=True)] if progress else []
+    callbacks: list[Any] = [RedrawnProgressBar(leave=True)] if progress else []
     kwargs: dict[str, Any] = {
         "accelerator": plan.accelerator,
         "devices": plan.devices,

@@ -78,6 +78,7 @@ class RankUsage(pl.Callback):
         self._setup_excess_bytes: int | None = None  # in use at setup beyond the parameters
         self._sampling = False
         self._at_start: tuple[int, int, int] = (0, 0, 0)
+        self._collective_numel = 0  # what DDP or FSDP communicates, counted once: the parameters do not change
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:  # noqa: D102
         device = trainer.strategy.root_device
@@ -85,6 +86,9 @@ class RankUsage(pl.Callback):
         in_use = malloc_in_use_bytes()
         if self._cuda is None and in_use is not None:
             self._setup_excess_bytes = in_use - sum(p.nbytes for p in pl_module.parameters())
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:  # noqa: D102
+        self._collective_numel = sum(p.numel() for p in _collective_parameters(trainer.strategy, pl_module))
 
     def _sample(self) -> None:
         if not self._sampling:
@@ -119,7 +123,7 @@ class RankUsage(pl.Callback):
             self.computed_bytes += now_hook - hook_bytes
         self.counted_bytes += now_token - token_bytes
         strategy, world = trainer.strategy, trainer.world_size
-        numel = sum(p.numel() for p in _collective_parameters(strategy, module))
+        numel = self._collective_numel
         if state is None and isinstance(strategy.model, DistributedDataParallel) and trainer.global_step > step:
             self.computed_bytes += wire_bytes(numel, world, "none")  # one fp32 all-reduce per optimiser step
         if isinstance(strategy, ShardedStrategy) and world > 1:
