@@ -25,6 +25,7 @@ import time
 
 import torch
 
+from hslite.optim import adamw
 from hslite.parallel.box import threads_per_process
 from hslite.recipe.build import build_task, plan_from_config, prepared_datamodule
 from hslite.recipe.config import load_config
@@ -54,7 +55,7 @@ def hand_loop_step(cfg, epochs: int) -> float:
     torch.manual_seed(cfg.train.seed)
     datamodule = prepared_datamodule(cfg)
     model = build_task(cfg, plan, datamodule).model.train()
-    optimiser = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+    optimiser = adamw(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)  # hslite's AdamW
     loss_fn = torch.nn.CrossEntropyLoss()
     previous = torch.get_num_threads()
     torch.set_num_threads(threads_per_process(plan))  # what hslite's ranks run with (RankSetup)

@@ -21,7 +21,7 @@ from torch import nn
 from torchmetrics import Metric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassCohenKappa, MulticlassConfusionMatrix
 
-from hslite.optim import adamw
+from hslite.optim import adamw, warmup_cosine
 
 
 class GroupedForward(Protocol):
@@ -54,14 +54,6 @@ class BandRotation(Protocol):
 
 
 IGNORE_INDEX = -1
-
-
-def warmup_cosine(step: int, warmup_steps: int, total_steps: int) -> float:
-    """Learning-rate factor: linear warm-up to 1, then cosine decay to 0 at total_steps."""
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-    return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 class TrainingScores(Metric):
