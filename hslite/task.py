@@ -11,8 +11,7 @@ on a GPU) costs about as much as the step. tests/test_host_syncs.py counts the w
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import lightning.pytorch as pl
 import numpy as np
@@ -21,37 +20,8 @@ from torch import nn
 from torchmetrics import Metric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassCohenKappa, MulticlassConfusionMatrix
 
+from hslite.models.band_groups import BandRotation, GroupedForward
 from hslite.optim import adamw, warmup_cosine
-
-
-class GroupedForward(Protocol):
-    """What a channel-group strategy hands the task on each rank (`parallel.channel_groups.ChannelGroups`).
-
-    Declared here, not imported, so the task does not depend on `parallel/`: strategies depend on the task.
-    """
-
-    def __call__(self, model: nn.Module, x: torch.Tensor, active: Sequence[int] | None = None) -> torch.Tensor:
-        """Logits of this rank's samples, its band groups encoded here and the others' exchanged."""
-
-    def own_samples(self, batch: torch.Tensor) -> torch.Tensor:
-        """The slice of a batch whose logits this rank computes."""
-
-    def loss_share(self, loss: nn.CrossEntropyLoss, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """The share of the batch's loss this rank computes, scaled so DDP's average is the whole batch's."""
-
-
-class BandRotation(Protocol):
-    """Channel-subset rotation of the training steps (`parallel.rotation.RotationSchedule`)."""
-
-    def active_groups(self, step: int) -> list[int]:
-        """The band groups optimiser step `step` trains."""
-
-    def forward(self, model: nn.Module, x: torch.Tensor, active: Sequence[int]) -> torch.Tensor:
-        """Logits with only the `active` band groups encoded."""
-
-    def evaluate(self, model: nn.Module, x: torch.Tensor, grouped: GroupedForward | None = None) -> torch.Tensor:
-        """Evaluation logits of a model trained under rotation: the ensemble of the subsets training drew."""
-
 
 IGNORE_INDEX = -1
 
@@ -77,12 +47,31 @@ class TrainingScores(Metric):
         self.counts: torch.Tensor
         self.add_state("counts", torch.zeros(num_classes, num_classes, dtype=torch.long), dist_reduce_fx="sum")
 
-    def update(self, logits: torch.Tensor, target: torch.Tensor) -> None:
-        """Count a batch of logits (n, C) against its targets (n,), ignore_index ones with weight 0."""
-        c = self.num_classes
+    def update(
+        self,
+        logits: torch.Tensor | None = None,
+        target: torch.Tensor | None = None,
+        *,
+        counts: torch.Tensor | None = None,
+    ) -> None:
+        """Count a batch of logits (n, C) against its targets (n,), ignore_index ones left out; or add `counts`.
+
+        `counts`: (C, C) counts summed from `batch_counts` beforehand. The task sums an epoch's on the device and
+        updates once: torchmetrics' update wrapper costs more per call than the counting itself.
+        """
+        if counts is None:
+            assert logits is not None and target is not None, "update(logits, target) or update(counts=...)"
+            counts = self.batch_counts(logits, target, self.num_classes, self.ignore_index)
+        self.counts += counts
+
+    @staticmethod
+    def batch_counts(
+        logits: torch.Tensor, target: torch.Tensor, c: int, ignore_index: int = IGNORE_INDEX
+    ) -> torch.Tensor:
+        """The (true class × predicted class) counts of one batch, made without waiting for the device."""
         cells = target.clamp(min=0) * c + logits.argmax(dim=1)
-        counted = (cells[:, None] == torch.arange(c * c, device=cells.device)) & (target != self.ignore_index)[:, None]
-        self.counts += counted.sum(dim=0).view(c, c)
+        counted = (cells[:, None] == torch.arange(c * c, device=cells.device)) & (target != ignore_index)[:, None]
+        return counted.sum(dim=0).view(c, c)
 
     def compute(self) -> dict[str, torch.Tensor]:
         """OA (micro accuracy), AA (macro: mean recall over the classes true or predicted at least once) and kappa."""
@@ -143,6 +132,7 @@ class HSIClassifier(pl.LightningModule):
             )
 
         self.train_metrics = TrainingScores(c)
+        self._train_counts: torch.Tensor | None = None  # the epoch's counts so far, for train_metrics at its end
         self._loss_sum: torch.Tensor | None = None  # train/loss since the last logging step (training_step)
         self._loss_steps = 0
         self.val_metrics = collection("val/")
@@ -186,7 +176,10 @@ class HSIClassifier(pl.LightningModule):
         x, y = batch
         logits = self.training_logits(x)
         loss = self.batch_loss(logits, y)
-        self.update_metrics([self.train_metrics], logits.detach(), self.own_targets(y))
+        own = self.own_targets(y)
+        if len(own):  # a chag rank's slice of a batch may be empty
+            counts = TrainingScores.batch_counts(logits.detach(), own, self.num_classes)
+            self._train_counts = counts if self._train_counts is None else self._train_counts + counts
         self._loss_sum = loss.detach() if self._loss_sum is None else self._loss_sum + loss.detach()
         self._loss_steps += 1
         trainer = self.trainer  # Lightning's own rule for when it writes the loggers; and each epoch's last batch
@@ -223,6 +216,9 @@ class HSIClassifier(pl.LightningModule):
 
     def on_train_epoch_end(self) -> None:
         """Log the epoch's training metrics."""
+        if self._train_counts is not None:
+            self.train_metrics.update(counts=self._train_counts)
+            self._train_counts = None
         scores = self.train_metrics.compute()  # torchmetrics has summed the ranks' counts
         self.log_dict({f"train/{name}": value for name, value in scores.items()})
         self.train_metrics.reset()

@@ -1,9 +1,15 @@
-"""Contiguous band groups for channel-grouped models, aligned to spectral regions when band wavelengths are known."""
+"""Contiguous band groups for channel-grouped models, aligned to spectral regions when band wavelengths are known.
+
+Also what the task is handed to train band groups across ranks (channel groups) or a subset at a time (rotation).
+"""
 
 import math
 from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
+import torch
+from torch import nn
 
 from hslite.errors import ModelError
 
@@ -121,3 +127,32 @@ def _merged_regions(regions: list[tuple[int, int]], num_groups: int) -> list[tup
         index = pair_sizes.index(min(pair_sizes))
         spans[index : index + 2] = [(spans[index][0], spans[index + 1][1])]
     return spans
+
+
+class GroupedForward(Protocol):
+    """What a channel-group strategy hands the task on each rank (`parallel.channel_groups.ChannelGroups`).
+
+    Declared here, not imported, so the task does not depend on `parallel/`: strategies depend on the task.
+    """
+
+    def __call__(self, model: nn.Module, x: torch.Tensor, active: Sequence[int] | None = None) -> torch.Tensor:
+        """Logits of this rank's samples, its band groups encoded here and the others' exchanged."""
+
+    def own_samples(self, batch: torch.Tensor) -> torch.Tensor:
+        """The slice of a batch whose logits this rank computes."""
+
+    def loss_share(self, loss: nn.CrossEntropyLoss, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The share of the batch's loss this rank computes, scaled so DDP's average is the whole batch's."""
+
+
+class BandRotation(Protocol):
+    """Channel-subset rotation of the training steps (`parallel.rotation.RotationSchedule`)."""
+
+    def active_groups(self, step: int) -> list[int]:
+        """The band groups optimiser step `step` trains."""
+
+    def forward(self, model: nn.Module, x: torch.Tensor, active: Sequence[int]) -> torch.Tensor:
+        """Logits with only the `active` band groups encoded."""
+
+    def evaluate(self, model: nn.Module, x: torch.Tensor, grouped: GroupedForward | None = None) -> torch.Tensor:
+        """Evaluation logits of a model trained under rotation: the ensemble of the subsets training drew."""
