@@ -162,7 +162,15 @@ def test_framework_tax_quick(tmp_path: Path) -> None:
     result = _run([sys.executable, "benchmarks/framework_tax.py", "--quick"], tmp_path, timeout_seconds=300)
     rows = [line.split() for line in result.stdout.splitlines() if re.match(r"^(cnn3d|cnn1d)\s+\d", line)]
     assert [row[0] for row in rows] == ["cnn3d", "cnn1d"]
-    for _, ours, theirs, ratio in rows:  # milliseconds to 0.01, the ratio to 0.01
+    for _, ours, theirs, ratio, floor, floor_ratio in rows:  # milliseconds to 0.01, the ratios to 0.01
         assert float(ratio.rstrip("×")) == pytest.approx(float(ours) / float(theirs), abs=0.006 + 0.01 / float(theirs))
-    model, *_, ratio = max(rows, key=lambda row: float(row[3].rstrip("×")))
+        assert float(floor_ratio.rstrip("×")) == pytest.approx(
+            float(floor) / float(theirs), abs=0.006 + 0.01 / float(theirs)
+        )
+    phases = re.findall(r"^  (\w[\w -]*?)\s+(\d+\.\d)\s+(\d+\.\d)$", result.stdout, re.M)
+    assert [name for name, *_ in phases] == ["imports", "data", "pre-flight", "refit", "evaluation", "map and files",
+                                             "training", "other"]  # fmt: skip
+    assert re.search(r"^outside training: \d+\.\d s \(first run; \d+\.\d s with the pre-flight's cache\)$",
+                     result.stdout, re.M)  # fmt: skip
+    model, _, _, ratio, *_ = max(rows, key=lambda row: float(row[3].rstrip("×")))
     assert _last_line(result) == f"hslite step / hand-written loop: worst {ratio} ({model})"
