@@ -12,7 +12,8 @@ repeats so that a noisy machine slows both alike:
                so the loader's fetch is in it), the recipe's settings as a user runs them, bar included
   hand loop    `for x, y in loader: zero_grad; loss(model(x), y).backward(); step`, timed the same way
   Lightning    the same model and optimiser in a bare LightningModule (training_step = the loss), a Trainer with no
-               callback, logger, bar or validation: what Lightning's loop itself adds, the floor under hslite's
+               logger, bar or validation and hslite's step timer as its one callback: what Lightning's loop itself
+               adds, the floor under hslite's
 The ratio is hslite's step over the hand loop's. Then the whole quickstart command (`hslite fit`, as a newcomer runs
 it) by phase: the imports it needs (in a fresh interpreter), and inside `fit` the data, the pre-flight, training,
 refit, evaluation, and map and files (timed by wrapping the functions `hslite.run.fit` calls); what is not training
@@ -35,6 +36,7 @@ import torch
 
 from hslite.optim import adamw
 from hslite.parallel.box import threads_per_process
+from hslite.parallel.timing import TrainThroughput
 from hslite.recipe.build import build_task, plan_from_config, prepared_datamodule
 from hslite.recipe.config import load_config
 from hslite.run.fit import fit
@@ -85,27 +87,16 @@ def hand_loop_step(cfg, epochs: int) -> float:
 
 
 class BareModule(pl.LightningModule):
-    """The loss of the model and hslite's AdamW, nothing else; times each batch as TrainThroughput does."""
+    """The loss of the model and hslite's AdamW, nothing else."""
 
     def __init__(self, model: torch.nn.Module, lr: float, weight_decay: float) -> None:
         super().__init__()
         self.model, self.lr, self.weight_decay = model, lr, weight_decay
         self.loss = torch.nn.CrossEntropyLoss()
-        self.steps: list[float] = []
-        self._start: float | None = None
 
     def training_step(self, batch, batch_idx):  # noqa: D102
         x, y = batch
         return self.loss(self.model(x), y)
-
-    def on_train_epoch_start(self) -> None:  # noqa: D102
-        self._start = None
-
-    def on_train_batch_start(self, batch, batch_idx) -> None:  # noqa: D102
-        now = time.perf_counter()
-        if self._start is not None:
-            self.steps.append(now - self._start)
-        self._start = now
 
     def configure_optimizers(self):  # noqa: D102
         return adamw(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
@@ -119,13 +110,15 @@ def bare_lightning_step(cfg, epochs: int) -> float:
     module = BareModule(build_task(cfg, plan, datamodule).model, cfg.train.lr, cfg.train.weight_decay)
     previous = torch.get_num_threads()
     torch.set_num_threads(threads_per_process(plan))
+    timer = TrainThroughput()  # hslite's step timer, the one behind median_batch_seconds: the same span measured
     trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=epochs, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)  # fmt: skip
+                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+                         callbacks=[timer])  # fmt: skip
     try:
         trainer.fit(module, train_dataloaders=datamodule.train_dataloader())
     finally:
         torch.set_num_threads(previous)
-    return statistics.median(module.steps)
+    return float(trainer.callback_metrics["perf/median_batch_seconds"])
 
 
 IMPORTS = "import time; t = time.perf_counter(); import hslite.cli, lightning.pytorch; print(time.perf_counter() - t)"

@@ -168,8 +168,9 @@ class HSIClassifier(pl.LightningModule):
         """One optimisation step's loss.
 
         train/loss is the mean loss of the steps since the last logging step, summed on the device and logged on
-        logging steps (every `log_every_n_steps`) and at each epoch's last batch only: a `self.log` call costs
-        about as much as a small model's whole step (benchmarks/framework_tax.py), and the loggers read only the
+        logging steps (every `log_every_n_steps`) and at each epoch's last batch only: each `self.log` call runs
+        Lightning's result-collection bookkeeping, a large share of what it adds to a small model's step
+        (benchmarks/framework_tax.py sets hslite's step beside a bare Lightning loop's), and the loggers read only the
         logging steps' values anyway. It is not on
         the progress bar, which shows the validation scores: Lightning reads a bar value to the host every batch.
         """

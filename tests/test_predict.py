@@ -98,6 +98,16 @@ def test_the_runs_scene_from_a_file_without_georeference_keeps_the_runs(syntheti
     assert _read(sorted(out.iterdir())[-1] / "prediction.tif")[1] is None  # the newer stamp
 
 
+def test_a_cube_of_another_shape_is_not_compared_with_the_runs_scene(synthetic_run, tmp_path, capsys, monkeypatch):
+    import hslite.run.predict as predict_module
+
+    cube, out = tmp_path / "part.npy", tmp_path / "out"
+    np.save(cube, synthetic_run["cube"][:20])
+    monkeypatch.setattr(predict_module, "_run_scene", lambda prep: pytest.fail("the run's scene was loaded"))
+    assert main(["predict", f"run={synthetic_run['run']}", f"cube={cube}", f"output={out}"]) == 0
+    assert "georeference: none (the cube has none, and its shape (20, 24, " in capsys.readouterr().out
+
+
 def test_wrong_band_count_missing_run_and_missing_checkpoint_are_one_sentence(synthetic_run, tmp_path, capsys):
     np.save(tmp_path / "short.npy", synthetic_run["cube"][:, :, :30])
     assert main(["predict", f"run={synthetic_run['run']}", f"cube={tmp_path / 'short.npy'}"]) == 1

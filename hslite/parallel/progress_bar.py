@@ -1,12 +1,13 @@
 """Lightning's rich progress bar, redrawn during training at most every REDRAW_SECONDS instead of after every batch.
 
-A redraw reads every progress-bar value to the host (`get_metrics`, a device sync on a GPU) and renders the bar:
-for a model whose step takes a millisecond or two that was a tenth of the step (benchmarks/framework_tax.py). Ten
-redraws a second look the same to a reader; the last batch of an epoch is always drawn.
+A redraw reads every progress-bar value to the host (`get_metrics`, a device sync on a GPU) and renders the bar,
+which weighs on a model whose step takes a millisecond or two (benchmarks/framework_tax.py sets hslite's step beside
+a bare Lightning loop's). Ten redraws a second look the same to a reader; the last batch of an epoch is always drawn.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -21,7 +22,7 @@ class RedrawnProgressBar(RichProgressBar):
 
     def __init__(self, leave: bool = False) -> None:
         super().__init__(leave=leave)
-        self._drawn_at = 0.0
+        self._drawn_at = -math.inf  # the first batch is drawn
 
     def on_train_batch_end(  # noqa: D102
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int

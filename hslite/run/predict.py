@@ -31,7 +31,7 @@ from hslite.datasets.geotiff_out import geotiff_writer, write_geotiff
 from hslite.datasets.own_scene import OwnScene, open_cube_spec
 from hslite.datasets.preprocess import patch_radius
 from hslite.datasets.scene_input import scene_tiles
-from hslite.datasets.scenes import load_scene, to_label_codes
+from hslite.datasets.scenes import get_scene_spec, load_scene, to_label_codes
 from hslite.errors import ConfigError, DataError
 from hslite.parallel.rotation import RotationSchedule, SubsetEnsemble
 from hslite.recipe.build import model_for
@@ -141,6 +141,14 @@ def _run_scene(prep: FittedPreprocessing) -> tuple[CubeFile, np.ndarray]:
     return replace(scene.source, crs=scene.crs, transform=scene.transform), scene.gt
 
 
+def _run_scene_shape(prep: FittedPreprocessing) -> tuple[int, int, int]:
+    """The run's scene's (rows, cols, bands) as its file's header or its registered spec says, no pixel read."""
+    source = prep.scene
+    if source["kind"] == "own":
+        return open_cube_spec(source["cube"]).shape
+    return get_scene_spec(source["name"]).shape
+
+
 def _georeferenced(source: CubeFile, prep: FittedPreprocessing) -> tuple[CubeFile, str]:
     """The cube with the georeference its map is written with, and a phrase saying where that came from.
 
@@ -149,11 +157,12 @@ def _georeferenced(source: CubeFile, prep: FittedPreprocessing) -> tuple[CubeFil
     """
     if source.crs is not None or source.transform is not None:
         return source, f"the cube's own ({source.source})"
+    shape = _run_scene_shape(prep)  # from a header or the scene's spec: the scene is loaded only if it may be this cube
+    if shape != source.shape:
+        return source, f"none (the cube has none, and its shape {source.shape} is not the run's scene's {shape})"
     scene, _ = _run_scene(prep)
     if scene.crs is None and scene.transform is None:
         return source, "none (neither the cube nor the run's scene has one)"
-    if scene.shape != source.shape:
-        return source, f"none (the cube has none, and its shape {source.shape} is not the run's scene's {scene.shape})"
     rows = min(8, source.shape[0])
     if not np.array_equal(source.read(0, rows), scene.read(0, rows)):
         return source, "none (the cube has none, and its values are not the run's scene's, though its shape is)"
