@@ -4,13 +4,16 @@
     python benchmarks/scene_scaling.py --sizes-gb 0.25 1 4 --folder /scratch/cubes
     python benchmarks/scene_scaling.py --model cnn3d --patch-size 5 --pca 20 --epochs 1
     python benchmarks/scene_scaling.py --on-disk                        # data.on_disk=true
+    python benchmarks/scene_scaling.py --sizes-gb 2 --repeat 3          # each figure the worst of 3 runs
 
 Each size is a square float32 `.npy` cube of `--bands` bands with a 2 %-labelled label map
 (`hslite.datasets.synthetic.write_large_scene`, written a block at a time into --folder and deleted afterwards),
 trained as a team would try its own flightline: `hslite fit data.scene=cube.npy data.labels=gt.npy ...` (test and the
 whole-scene map included), then mapped again with `hslite predict run=... cube=cube.npy`. Every command runs in a
 fresh process; its peak resident set is the one the kernel reports for that process (os.wait4), its wall time is
-measured around it, and the training time is the run's own (metrics.json `train_seconds`).
+measured around it, and the training time is the run's own (metrics.json `train_seconds`). With `--repeat K` both
+commands run K times on the same cube and each figure of the row is the worst of the K (the largest peak, the
+longest time): a peak that holds on one run in three is not a peak a team can plan a machine by.
 
 A row per size, then how peak memory grows with the cube (a least-squares line: the constant is the interpreter,
 torch and Lightning), and last: the largest cube's peak RSS (the larger of fit and predict) over its size, and its
@@ -48,8 +51,8 @@ def run_measured(command: list[str], log: Path) -> tuple[float, float]:
     return seconds, usage.ru_maxrss * 1024.0  # ru_maxrss is in KiB on Linux
 
 
-def measure(size_gb: float, folder: Path, args: argparse.Namespace) -> dict[str, float]:
-    """Write a cube of about `size_gb`, fit and predict on it; the row of the table."""
+def write_cube(size_gb: float, folder: Path, args: argparse.Namespace) -> tuple[Path, Path, int]:
+    """Write a square cube of about `size_gb` and its label map into `folder`; return their paths and the side."""
     side = int(math.sqrt(size_gb * GB / (4 * args.bands)))
     cube, labels = folder / "cube.npy", folder / "gt.npy"
     # In a process of its own: a child's peak RSS starts from its parent's peak (Linux keeps the larger at exec, and
@@ -62,6 +65,11 @@ def measure(size_gb: float, folder: Path, args: argparse.Namespace) -> dict[str,
         [sys.executable, "-c", write, str(cube), str(labels), str(side), str(args.bands), str(args.labelled_fraction)],
         check=True,
     )
+    return cube, labels, side
+
+
+def measure(cube: Path, labels: Path, folder: Path, args: argparse.Namespace) -> dict[str, float]:
+    """Fit and predict once on the cube; its seconds and peak RSS."""
     runs = folder / "runs"
     hslite = [sys.executable, "-m", "hslite.cli"]
     fit_seconds, fit_rss = run_measured(
@@ -77,13 +85,23 @@ def measure(size_gb: float, folder: Path, args: argparse.Namespace) -> dict[str,
     predict_seconds, predict_rss = run_measured(
         [*hslite, "predict", f"run={run}", f"cube={cube}", "progress=false"], folder / "predict.log"
     )
-    cube_bytes = float(cube.stat().st_size)
-    for path in (cube, labels, runs):
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    shutil.rmtree(runs)
     return {
-        "cube_bytes": cube_bytes, "side": side, "fit_seconds": fit_seconds, "train_seconds": train_seconds,
-        "fit_rss": fit_rss, "predict_seconds": predict_seconds, "predict_rss": predict_rss,
+        "fit_seconds": fit_seconds, "train_seconds": train_seconds, "fit_rss": fit_rss,
+        "predict_seconds": predict_seconds, "predict_rss": predict_rss,
     }  # fmt: skip
+
+
+def measure_worst(size_gb: float, folder: Path, args: argparse.Namespace) -> dict[str, float]:
+    """Write a cube of about `size_gb`, fit and predict on it `args.repeat` times; the row: each figure's worst."""
+    cube, labels, side = write_cube(size_gb, folder, args)
+    try:
+        runs = [measure(cube, labels, folder, args) for _ in range(args.repeat)]
+        cube_bytes = float(cube.stat().st_size)
+    finally:
+        cube.unlink()
+        labels.unlink()
+    return {"cube_bytes": cube_bytes, "side": side, **{key: max(run[key] for run in runs) for key in runs[0]}}
 
 
 def main() -> None:
@@ -96,18 +114,22 @@ def main() -> None:
     parser.add_argument("--pca", type=int, default=0, help="data.pca_components of the fit; 0 means off")
     parser.add_argument("--epochs", type=int, default=3, help="train.max_epochs of the fit")
     parser.add_argument("--on-disk", action="store_true", help="data.on_disk=true: hold the labelled patches only")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each command per cube; a row shows the worst")
     parser.add_argument("--folder", type=Path, default=None, help="where cubes are written; default a temporary one")
     args = parser.parse_args()
+    if args.repeat < 1:
+        parser.error(f"--repeat {args.repeat}: each command runs at least once; give 1 or more")
     folder = Path(tempfile.mkdtemp(prefix="scene_scaling_", dir=args.folder))
     held = "labelled patches held (data.on_disk)" if args.on_disk else "padded scene held"
     plan = f"{args.model}, patch {args.patch_size}, PCA {args.pca or 'off'}, {args.epochs} epoch(s), {args.bands} bands"
-    print(f"{plan}, {held}")
+    worst = f", each figure the worst of {args.repeat} runs" if args.repeat > 1 else ""
+    print(f"{plan}, {held}{worst}")
     header = f"{'cube GB':>8} {'pixels':>11} {'fit s':>7} {'train s':>8} {'fit RSS GB':>11} {'×cube':>6}"
     print(header + f" {'predict s':>10} {'predict RSS GB':>15} {'×cube':>6}", flush=True)
     rows = []
     try:
         for size in sorted(args.sizes_gb):
-            row = measure(size, folder, args)
+            row = measure_worst(size, folder, args)
             rows.append(row)
             gb = row["cube_bytes"] / GB
             print(

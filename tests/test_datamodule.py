@@ -34,7 +34,7 @@ def test_setup_loaders_and_predict_cover_the_scene():
         labels = torch.cat([y for _, y in loader])
         assert labels.tolist() == (gt[coords[:, 0], coords[:, 1]] - 1).tolist()
     predicted = list(module.predict_dataloader())
-    assert sum(len(y) for _, y in predicted) == 24 * 24
+    assert [len(y) for _, y in predicted] == [100] * 5 + [76]  # eval_batch_size pixels a batch, the last one shorter
     assert torch.cat([y for _, y in predicted]).tolist() == (gt.reshape(-1) - 1).tolist()  # row-major, -1 unlabelled
     # normalisation was fitted on training pixels only: train pixels are standardised, at the centre of each patch
     centres = torch.cat([x[:, :, 2, 2] for x, _ in module._loader("train", 1000, shuffle=False)])
@@ -134,3 +134,28 @@ def test_a_gpu_recipe_pins_its_batches_or_gathers_on_the_device_as_it_asks(monke
     assert host.pin_memory and host.gather_device is None
     device = build_datamodule(load_config("quickstart", [*gpu, "data.gather_on_device=true"]))
     assert device.gather_device == "cuda"
+
+
+def test_a_lightning_predict_pass_over_the_scene_keeps_no_index_per_pixel():
+    """Lightning records a batch sampler's index lists for a whole predict pass; the scene's loader has none to keep."""
+    import lightning.pytorch as pl
+
+    from hslite.models import get_model
+    from hslite.parallel.plan import Plan
+    from hslite.run.evaluate import _predict
+    from hslite.task import HSIClassifier
+
+    module = _module()
+    module.setup()
+    loader = module.predict_dataloader()
+    assert loader.batch_size is None and loader.batch_sampler is None
+    task = HSIClassifier(get_model("cnn1d", in_bands=32, num_classes=4, patch_size=5), num_classes=4).eval()
+    plan = Plan(accelerator="cpu", devices=1)
+    predicted = _predict(plan, task, loader, 24 * 24)
+    with torch.no_grad():
+        expected = torch.cat([task(x).argmax(1) for x, _ in loader])
+    assert predicted.tolist() == expected.tolist()
+    assert _predict(plan, task, loader, 24 * 24, limit_predict_batches=2).tolist() == expected[:200].tolist()
+    tracked = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False)
+    tracked.predict(task, dataloaders=loader)
+    assert tracked.predict_dataloaders.batch_sampler is None  # so Lightning wrapped none to record its index lists

@@ -196,11 +196,11 @@ def test_one_inference_pass_serves_the_test_and_the_map_only_when_both_cover_the
 
     ran = []
 
-    def predict(evaluator, task, loader):
-        ran.append((loader, evaluator))
+    def predict(plan, task, loader, samples, **limits):
+        ran.append((loader, limits))
+        assert samples == (4 if loader == "scene" else 2)  # the scene's pixels, the test pixels
         return np.array([0, 1, 2, 3]) if loader == "scene" else np.array([1, 2])
 
-    monkeypatch.setattr(evaluate, "_evaluator", lambda plan, **limits: limits)
     monkeypatch.setattr(evaluate, "_predict", predict)
     datamodule = SimpleNamespace(
         scene=SimpleNamespace(gt=np.array([[1, 2], [3, 0]])),

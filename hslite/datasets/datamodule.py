@@ -200,7 +200,7 @@ class HSIDataModule(lightning.LightningDataModule):
         self._datasets["predict"] = (
             SceneTiles(scene.source, transform, self.patch_size, scene.gt, self.eval_batch_size)
             if self.on_disk
-            else ScenePatches(gatherer, scene.gt)
+            else ScenePatches(gatherer, scene.gt, self.eval_batch_size)
         )
         self._scene, self._split, self._kept_bands, self._wavelengths = scene, split, kept, wavelengths
         self._gatherer = gatherer
@@ -265,9 +265,10 @@ class HSIDataModule(lightning.LightningDataModule):
                 f"gather_device={self.gather_device!r} keeps the cube on a CUDA device, and torch sees none here: set "
                 "gather_device=None to gather on the host."
             )
+        dataset = self._datasets[name]
         return DataLoader(
-            self._datasets[name],
-            batch_size=batch_size,
+            dataset,
+            batch_size=None if isinstance(dataset, ScenePatches) else batch_size,  # it makes its batches
             shuffle=shuffle,
             drop_last=False,
             num_workers=self.num_workers,

@@ -145,24 +145,28 @@ def reflect_edges(pixels: np.ndarray, radius: int) -> None:
 
 
 class ScenePatches(Dataset):
-    """Every pixel of a (rows, cols) scene in row-major order, its coordinates made per batch from the indices.
+    """Every pixel of a (rows, cols) scene in row-major order, a batch of consecutive pixels per item.
 
     A PatchDataset of the whole scene would hold 16 bytes of coordinates and 8 of labels per pixel for the whole run;
-    here a batch's are computed from its indices, and the labels are read from `gt` (classes 1..C, 0 unlabelled,
-    not copied): -1 where unlabelled, as in PatchDataset.
+    here a batch's coordinates are made from its range, and the labels are read from `gt` (classes 1..C, 0
+    unlabelled, not copied): -1 where unlabelled, as in PatchDataset. Use with DataLoader(batch_size=None): a sampler
+    over pixels would hand out a list of Python ints per batch, and Lightning's predict loop keeps every batch's list
+    for the whole pass (tens of bytes a pixel: 0.2 GB of a 2.5-million-pixel map).
     """
 
-    def __init__(self, gatherer: PatchGatherer, gt: np.ndarray):
-        self.gatherer = gatherer
+    def __init__(self, gatherer: PatchGatherer, gt: np.ndarray, batch_size: int):
+        self.gatherer, self.batch_size = gatherer, batch_size
         self.cols = int(gt.shape[1])
         self.gt = torch.from_numpy(np.ascontiguousarray(gt).reshape(-1))
 
     def __len__(self) -> int:
-        return int(self.gt.shape[0])
+        """Batches of `batch_size` pixels, the last one shorter."""
+        return -(-int(self.gt.shape[0]) // self.batch_size)
 
-    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Return the batch (x (n, B, p, p) float32, y (n,) int64) for these pixel indices (row * cols + col)."""
-        index = torch.as_tensor(indices, dtype=torch.long)
+    def __getitem__(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Batch `batch` (x (n, B, p, p) float32, y (n,) int64): pixels batch * batch_size onwards, row * cols + col."""
+        start = batch * self.batch_size
+        index = torch.arange(start, min(start + self.batch_size, int(self.gt.shape[0])))
         x = self.gatherer.gather(_pixel_coords(index, self.cols))
         return x, to_device(self.gt[index] - 1, x.device)
 
