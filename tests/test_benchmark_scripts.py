@@ -174,3 +174,31 @@ def test_framework_tax_quick(tmp_path: Path) -> None:
                      result.stdout, re.M)  # fmt: skip
     model, _, _, ratio, *_ = max(rows, key=lambda row: float(row[3].rstrip("×")))
     assert _last_line(result) == f"hslite step / hand-written loop: worst {ratio} ({model})"
+
+
+def test_scene_scaling_rows_are_each_figures_worst_run(tmp_path: Path, monkeypatch) -> None:
+    import argparse
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("scene_scaling", ROOT / "benchmarks" / "scene_scaling.py")
+    assert spec is not None and spec.loader is not None
+    scaling = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(scaling)
+    cube, labels = tmp_path / "cube.npy", tmp_path / "gt.npy"
+    runs = iter([
+        {"fit_seconds": 9.0, "train_seconds": 1.0, "fit_rss": 2.0e9, "predict_seconds": 5.0, "predict_rss": 1.1e9},
+        {"fit_seconds": 8.0, "train_seconds": 1.5, "fit_rss": 2.9e9, "predict_seconds": 6.0, "predict_rss": 1.0e9},
+        {"fit_seconds": 8.5, "train_seconds": 1.2, "fit_rss": 2.1e9, "predict_seconds": 4.0, "predict_rss": 0.9e9},
+    ])  # fmt: skip
+
+    def written(size_gb, folder, args):
+        cube.write_bytes(b"\0" * 2048)
+        labels.write_bytes(b"\0")
+        return cube, labels, 7
+
+    monkeypatch.setattr(scaling, "write_cube", written)
+    monkeypatch.setattr(scaling, "measure", lambda *_: next(runs))
+    row = scaling.measure_worst(0.01, tmp_path, argparse.Namespace(repeat=3))
+    assert row == {"cube_bytes": 2048.0, "side": 7, "fit_seconds": 9.0, "train_seconds": 1.5, "fit_rss": 2.9e9,
+                   "predict_seconds": 6.0, "predict_rss": 1.1e9}  # fmt: skip
+    assert not cube.exists() and not labels.exists()  # the cube is written once, measured three times, then removed
