@@ -202,3 +202,52 @@ def test_scene_scaling_rows_are_each_figures_worst_run(tmp_path: Path, monkeypat
     assert row == {"cube_bytes": 2048.0, "side": 7, "fit_seconds": 9.0, "train_seconds": 1.5, "fit_rss": 2.9e9,
                    "predict_seconds": 6.0, "predict_rss": 1.1e9}  # fmt: skip
     assert not cube.exists() and not labels.exists()  # the cube is written once, measured three times, then removed
+
+
+def test_published_models_count_their_published_flops() -> None:
+    """The what-if counter on the benchmark's models gives their published sizes and multiply-adds per 224² image."""
+    import importlib.util
+
+    import torch
+
+    from hslite.preflight.step_counts import count_step
+    from hslite.preflight.training_step import CLASSIFIER_STEP
+
+    spec = importlib.util.spec_from_file_location("published_models", ROOT / "benchmarks" / "published_models.py")
+    assert spec is not None and spec.loader is not None
+    models = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(models)
+
+    def batch(b: int):
+        return torch.zeros(b, 3, 224, 224), torch.zeros(b, dtype=torch.long)
+
+    # ResNet-50 4.1 GMACs (He et al. 2016 give 3.8 x 10^9 FLOPs counting multiply-adds, without the v1.5 stride);
+    # ViT-B/16 17.6 GMACs (timm's table); 25.56 M and 86.57 M parameters (timm's param_count)
+    for name, gmacs, params in (("resnet50", 4.09, 25.557032), ("vit_base_patch16_224", 17.56, 86.567656)):
+        counts = count_step(models.MODELS[name], batch, precision="32-true", step=CLASSIFIER_STEP)
+        assert counts.forward_flops_per_sample / 2e9 == pytest.approx(gmacs, abs=0.01)
+        # backward: twice the forward, less the first layer's input gradient, which nothing needs
+        assert counts.backward_flops_per_sample == pytest.approx(2 * counts.forward_flops_per_sample, rel=0.02)
+        assert sum(p.numel() for p in models.MODELS[name]().parameters()) / 1e6 == pytest.approx(params, abs=1e-6)
+
+
+@pytest.mark.slow
+def test_whatif_vs_published_prices_each_row(tmp_path: Path) -> None:
+    table = tmp_path / "rows.csv"
+    table.write_text(
+        "model,train_samples_per_sec,train_step_time_ms,train_batch_size,train_img_size,param_count_m\n"
+        "resnet18,2764.22,184.877,512,224,11.69\nvit_tiny_patch16_224,2293.54,222.408,512,224,5.72\n"
+        "efficientnet_b0,1000.0,500.0,256,224,5.29\n"
+    )
+    result = _run([sys.executable, "benchmarks/whatif_vs_published.py", "--table", str(table)], tmp_path, 300)
+    rows = [line.split() for line in result.stdout.splitlines() if re.match(r"^(resnet18|vit_tiny\w+)\s+512\s", line)]
+    assert [row[0] for row in rows] == ["resnet18", "vit_tiny_patch16_224"]
+    errors = []
+    for _, _, _, predicted, published, error, _, fits in rows:
+        # images/s are printed rounded to whole numbers, the error to a point
+        assert int(error.rstrip("%")) == pytest.approx(100 * (float(predicted) / float(published) - 1), abs=1)
+        assert float(fits) == pytest.approx(0.35 * float(published) / float(predicted), abs=0.01)
+        errors.append(abs(int(error.rstrip("%"))))
+    assert "efficientnet_b0          not written here: skipped" in result.stdout
+    median, worst = re.fullmatch(r"what-if vs published: median (\d+)%, worst (\d+)%", _last_line(result)).groups()
+    assert abs(int(median) - statistics.median(errors)) <= 1 and abs(int(worst) - max(errors)) <= 1  # rounded apart
