@@ -236,18 +236,23 @@ def test_whatif_vs_published_prices_each_row(tmp_path: Path) -> None:
     table = tmp_path / "rows.csv"
     table.write_text(
         "model,train_samples_per_sec,train_step_time_ms,train_batch_size,train_img_size,param_count_m\n"
-        "resnet18,2764.22,184.877,512,224,11.69\nvit_tiny_patch16_224,2293.54,222.408,512,224,5.72\n"
-        "efficientnet_b0,1000.0,500.0,256,224,5.29\n"
+        "resnet18,2764.22,184.877,512,224,11.69\nresnet50,826.06,618.983,512,224,25.56\n"
+        "densenet121,730.11,348.758,256,224,7.98\nefficientnet_b0,1000.0,500.0,256,224,5.29\n"
     )
     result = _run([sys.executable, "benchmarks/whatif_vs_published.py", "--table", str(table)], tmp_path, 300)
-    rows = [line.split() for line in result.stdout.splitlines() if re.match(r"^(resnet18|vit_tiny\w+)\s+512\s", line)]
-    assert [row[0] for row in rows] == ["resnet18", "vit_tiny_patch16_224"]
-    errors = []
-    for _, _, _, predicted, published, error, _, fits in rows:
-        # images/s are printed rounded to whole numbers, the error to a point
+    rows = [line.split() for line in result.stdout.splitlines() if re.match(r"^(resnet|densenet)\w+\s+\d+\s", line)]
+    assert [row[0] for row in rows] == ["resnet18", "resnet50", "densenet121"]
+    shipped, kind = [], []
+    for _, _, _, published, predicted, error, fits, by_kind, kind_error, _ in rows:
+        # images/s are printed rounded to whole numbers, the errors to a point
         assert int(error.rstrip("%")) == pytest.approx(100 * (float(predicted) / float(published) - 1), abs=1)
+        assert int(kind_error.rstrip("%")) == pytest.approx(100 * (float(by_kind) / float(published) - 1), abs=1)
         assert float(fits) == pytest.approx(0.35 * float(published) / float(predicted), abs=0.01)
-        errors.append(abs(int(error.rstrip("%"))))
+        shipped.append(abs(int(error.rstrip("%"))))
+        kind.append(abs(int(kind_error.rstrip("%"))))
+    assert kind[1:] == [0, 0]  # the two rows the per-kind efficiencies are fitted on are priced exactly
     assert "efficientnet_b0          not written here: skipped" in result.stdout
+    fitted = r"^per kind \(e_matmul 1 held; e_conv \d\.\d+ and e_memory \d\.\d+ fitted on resnet50 and densenet121\): "
+    assert re.search(fitted + r".* on the 1 rows not fitted: median (\d+)%, worst \1%$", result.stdout, re.M)
     median, worst = re.fullmatch(r"what-if vs published: median (\d+)%, worst (\d+)%", _last_line(result)).groups()
-    assert abs(int(median) - statistics.median(errors)) <= 1 and abs(int(worst) - max(errors)) <= 1  # rounded apart
+    assert abs(int(median) - statistics.median(shipped)) <= 1 and abs(int(worst) - max(shipped)) <= 1  # rounded apart

@@ -48,9 +48,14 @@ class KernelCounter(TorchDispatchMode):
         self.kernels = 0
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if not func.is_view and func.namespace not in ("profiler", "prim") and func.overloadpacket not in _NO_KERNEL:
+        if launches_kernel(func):
             self.kernels += 1
         return func(*args, **(kwargs or {}))
+
+
+def launches_kernel(func: Any) -> bool:
+    """Whether an aten op dispatched in a TorchDispatchMode launches a kernel on a GPU (views and the like do not)."""
+    return not func.is_view and func.namespace not in ("profiler", "prim") and func.overloadpacket not in _NO_KERNEL
 
 
 def count_step(
