@@ -25,6 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 from hslite.cli import main as hslite
 from hslite.compare.measure import run_compare
 from hslite.compare.rows import DEFAULT_STEPS, CompareOptions, CompareRow, RowSpec
+from hslite.preflight.roofline import KINDS
 from hslite.recipe.config import load_config
 from hslite.recipe.schema import Config
 from hslite.run.checkpoints import load_weights
@@ -37,7 +38,8 @@ REPEATABLE = ("train.deterministic=true", "train.max_epochs=3", "data.augment=tr
               "data.batch_size=16", *FIT_ONLY)  # fmt: skip
 CALIBRATION_NOTE = (
     "×: measured / predicted. The e and launch_us 'to match' assume the step's device time is all FLOPs, or all "
-    "kernel launches (docs/design.md, what-if). 32-true fits run with TF32 on (parallel.tf32), which the profile "
+    "kernel launches (docs/design.md, what-if), one e for every FLOP where the profile prices matmuls and convolutions "
+    "apart. 32-true fits run with TF32 on (parallel.tf32), which the profile "
     "prices at plain FP32: their e to match overstates the FP32 efficiency."
 )
 SCORES = ("OA", "AA", "kappa", "per_class_accuracy", "confusion_matrix", "optimizer_steps", "train_samples")
@@ -244,10 +246,12 @@ def check_strategies(ctx: Context) -> None:
 def _roofline(summary: dict[str, Any]) -> dict[str, float]:
     """The profile's device time of one step (each phase's binding roof) and the totals that calibrate it."""
     phases = summary["phases"].values()
-    roofs = {roof: sum(phase[f"{roof}_seconds"] for phase in phases) for roof in ("flops", "memory", "launch")}
+    roofs = {roof: sum(phase[f"{roof}_seconds"] for phase in phases) for roof in (*KINDS, "launch")}
     return {
-        "device_seconds": sum(max(phase[f"{r}_seconds"] for r in roofs) for phase in phases),
-        "flops": sum(phase["flops"] for phase in phases),
+        "device_seconds": sum(
+            max(sum(phase[f"{kind}_seconds"] for kind in KINDS), phase["launch_seconds"]) for phase in phases
+        ),  # fmt: skip
+        "flops": sum(phase["matmul_flops"] + phase["conv_flops"] for phase in phases),
         "kernels": sum(phase["kernels"] for phase in phases),
         **{f"{roof}_roof_seconds": seconds for roof, seconds in roofs.items()},
     }
@@ -269,7 +273,7 @@ def _calibrate(run: Path, measured: CompareRow, profile: str) -> dict[str, Any]:
     device = measured.measured_step_seconds - (predicted - roof["device_seconds"])
     row = {"plan": verdict.requested.describe(), "measured_step_seconds": measured.measured_step_seconds,
            "probe_step_seconds": measured.predicted_step_seconds, "profile_step_seconds": predicted,
-           "profile": profile, "efficiency": summary["efficiency"], "launch_us": summary["launch_us"],
+           "profile": profile, "efficiencies": summary["efficiencies"], "launch_us": summary["launch_us"],
            "peak_flops": summary["peak_flops"], **roof, "measured_device_seconds": device}  # fmt: skip
     if device > 0:
         row["efficiency_to_match"] = roof["flops"] / (summary["peak_flops"] * device)  # were it FLOP-bound
@@ -326,7 +330,8 @@ def _calibration_line(row: dict[str, Any]) -> str:
             f"{ms(row['device_seconds'])} against {ms(row['measured_device_seconds'])} measured")  # fmt: skip
     if "efficiency_to_match" not in row:
         return line + "; the host parts alone were priced above the measured step"
-    return (line + f"; to match: e = {row['efficiency_to_match']:.3g} if FLOP-bound (now {row['efficiency']:g}), "
+    now = ", ".join(f"{kind} {e:g}" for kind, e in row["efficiencies"].items())
+    return (line + f"; to match: e = {row['efficiency_to_match']:.3g} for every FLOP if FLOP-bound (now {now}), "
             f"launch {row['launch_us_to_match']:.3g} µs/kernel if launch-bound (now {row['launch_us']:g})")  # fmt: skip
 
 

@@ -87,6 +87,8 @@ def preflight(
     sample_batch: Any = None,
     plan: Any = None,
     min_efficiency: float = 0.5,
+    device: str | None = None,
+    topology: str | None = None,
 ) -> Verdict:
     """The pre-flight verdict on a recipe's plan, as `hslite preflight`, or on a LightningModule of your own.
 
@@ -98,17 +100,33 @@ def preflight(
     `hslite.parallel.plan.Plan` or a dict of its fields ({"devices": 4, "accelerator": "gpu", "precision":
     "bf16-mixed"}), at the batch's own rows per device. Links are measured on this box (spawned ranks: call it under
     `if __name__ == "__main__":`). Inside a Trainer, `hslite.PreflightGate` does the same on the launched job.
+    `device=` and `topology=` (bundled profile names, as preflight.device and preflight.topology): price the
+    module on GPUs that are not here, counted on fake tensors and priced from the GPU's datasheet and the box's links.
     """
     if module is not None:
-        from hslite.script.check import first_batch, plan_from, preflight_module
+        from hslite.script.check import first_batch, plan_from, preflight_module, preflight_module_on_profile
 
         if recipe is not None or overrides:
             raise ConfigError("preflight takes a recipe or a module, not both: the module's own plan is `plan=`.")
         if (datamodule is None) == (sample_batch is None):
             raise ConfigError("preflight(module=...) needs exactly one of datamodule= and sample_batch= to probe with.")
+        if (device is None) != (topology is None):
+            raise ConfigError(
+                f"preflight(module=...) prices GPUs that are not here with both device= (which GPU) and topology= "
+                f"(the box they are in), got device={device!r} and topology={topology!r}; give both, or neither to "
+                "measure this box."
+            )
         with caller_state_kept():
             batch = sample_batch if sample_batch is not None else first_batch(datamodule)
+            if device is not None and topology is not None:
+                return preflight_module_on_profile(module, batch, plan_from(plan), device, topology,
+                                                   min_efficiency=min_efficiency)  # fmt: skip
             return preflight_module(module, batch, plan_from(plan), min_efficiency=min_efficiency)
+    if device is not None or topology is not None:
+        raise ConfigError(
+            "device= and topology= price a module of your own; a recipe names them as overrides: "
+            "[\"preflight.device=NAME\", \"preflight.topology=NAME\"]."
+        )
     from hslite.recipe.config import load_config
 
     cfg = load_config(recipe, override_items(overrides))

@@ -13,8 +13,10 @@ from torch import nn
 from hslite.cli import main
 from hslite.errors import ConfigError
 from hslite.preflight.device_profile import (
-    DEFAULT_EFFICIENCY,
+    CONV_EFFICIENCY,
     DEFAULT_LAUNCH_US,
+    MATMUL_EFFICIENCY,
+    MEMORY_EFFICIENCY,
     DeviceProfile,
     launch_seconds_on,
     list_devices,
@@ -57,13 +59,17 @@ def no_gpu_here(monkeypatch):
 
 
 def test_every_shipped_profile_has_all_figures_each_cited():
-    assert {"h100_sxm", "h200", "a100_40gb", "a100_80gb", "l40s", "rtx_4090", "mi250x"} <= set(list_devices())
+    assert {"h100_sxm", "h200", "a100_40gb", "a100_80gb", "l40s", "rtx_4090", "rtx_3090", "mi250x"} <= set(
+        list_devices()
+    )
     for name in list_devices():
         profile = load_device(name)
         assert all(getattr(profile, figure) > 0 for figure in FIGURES), name
         assert all(profile.source.get(figure) for figure in FIGURES), name
         assert any(cite.startswith("https://") for cite in profile.source.values()), f"{name}: no datasheet URL"
-        assert profile.efficiency == DEFAULT_EFFICIENCY and profile.bf16_tflops > profile.fp32_tflops
+        assert profile.efficiencies == {"matmul": MATMUL_EFFICIENCY, "conv": CONV_EFFICIENCY,
+                                        "memory": MEMORY_EFFICIENCY}  # fmt: skip
+        assert profile.bf16_tflops > profile.fp32_tflops
     h100, h200 = load_device("h100_sxm"), load_device("h200")
     assert (h100.fp32_tflops, h100.bf16_tflops, h100.memory_gbps) == (66.9, 989.4, 3350.0)  # dense, plain FP32
     assert (h200.fp32_tflops, h200.bf16_tflops) == (h100.fp32_tflops, h100.bf16_tflops) and h200.memory_gbps == 4800
@@ -108,33 +114,39 @@ def _profile(**figures: float) -> DeviceProfile:
     return DeviceProfile(name="test", device_name="Test GPU", source={}, **{**base, **figures})
 
 
-def test_roofline_is_the_slowest_of_flops_bytes_and_launches():
-    gpu = _profile(efficiency=0.5, launch_us=10.0)
-    assert roofline_seconds(1e12, 0, 0, gpu, "32-true") == pytest.approx(1e12 / (10e12 * 0.5))  # 0.2 s of FLOPs
-    assert roofline_seconds(1e12, 0, 0, gpu, "bf16-mixed") == pytest.approx(1e12 / (100e12 * 0.5))
-    assert roofline_seconds(1e6, 1e9, 0, gpu, "32-true") == pytest.approx(1e9 / (1000e9 * 0.5))  # 2 ms of bytes
-    assert roofline_seconds(1e6, 1e3, 50, gpu, "32-true") == pytest.approx(50 * 10e-6)  # 0.5 ms of launches
+def test_roofline_runs_each_kind_in_series_unless_the_launches_take_longer():
+    gpu = _profile(matmul_efficiency=1.0, conv_efficiency=0.5, memory_efficiency=0.25, launch_us=10.0)
+    assert roofline_seconds((1e12, 0, 0, 0), gpu, "32-true") == pytest.approx(1e12 / 10e12)  # 0.1 s of matmuls
+    assert roofline_seconds((1e12, 0, 0, 0), gpu, "bf16-mixed") == pytest.approx(1e12 / 100e12)  # the tensor rate
+    assert roofline_seconds((0, 1e12, 0, 0), gpu, "32-true") == pytest.approx(1e12 / (10e12 * 0.5))  # convolutions
+    assert roofline_seconds((0, 0, 1e9, 0), gpu, "32-true") == pytest.approx(1e9 / (1000e9 * 0.25))  # 4 ms of bytes
+    assert roofline_seconds((1e12, 1e12, 1e9, 0), gpu, "32-true") == pytest.approx(0.1 + 0.2 + 4e-3)  # one by one
+    assert roofline_seconds((1e6, 0, 1e3, 50), gpu, "32-true") == pytest.approx(50 * 10e-6)  # 0.5 ms of launches
+    assert gpu.with_efficiency(0.6).efficiencies == {"matmul": 0.6, "conv": 0.6, "memory": 0.6}
 
 
-def test_a_profile_probe_prices_each_phase_from_the_model_sizes():
+def test_a_profile_probe_prices_each_phase_from_the_model_counts():
     sizes = Footprint(batch_size=32, precision="32-true", device="cpu", param_count=1_000_000, param_bytes=4_000_000,
                       grad_bytes=4_000_000, optimizer_bytes=8_000_000, activation_bytes=32_000_000,
                       peak_bytes=0)  # fmt: skip
     counts = StepCounts(model="M", precision="32-true", forward_flops_per_sample=1e9, forward_flops_fixed=0.0,
                         backward_flops_per_sample=2e9, backward_flops_fixed=0.0, forward_kernels=20,
-                        backward_kernels=40, optimizer_kernels=2, input_bytes_per_sample=1000)  # fmt: skip
-    gpu = _profile(efficiency=0.5, launch_us=10.0)
+                        backward_kernels=40, optimizer_kernels=2, input_bytes_per_sample=1000,
+                        forward_conv_flops_per_sample=4e8, backward_conv_flops_per_sample=8e8,
+                        forward_bytes_per_sample=1e6, backward_bytes_per_sample=2e6, backward_bytes_fixed=1e6,
+                        optimizer_bytes=36e6)  # fmt: skip
+    gpu = _profile(matmul_efficiency=1.0, conv_efficiency=0.5, memory_efficiency=0.5, launch_us=10.0)
     probe = profile_probe(64, sizes, counts, gpu, gather_seconds=1e-3)
     assert isinstance(probe, ProbeResult) and probe.batch_size == 64 and probe.device == "profile:test"
-    assert probe.forward_seconds == pytest.approx(64e9 / 5e12)  # FLOPs bind: 12.8 ms against 0.14 ms of bytes
-    assert probe.backward_seconds == pytest.approx(128e9 / 5e12)
-    # AdamW reads params, grads and both moments, writes params and moments; no FLOPs counted; bytes bind
-    assert probe.optimizer_seconds == pytest.approx((2 * 4e6 + 4e6 + 2 * 8e6) / 500e9)
+    # 64 samples: 38.4 GFLOP of matmuls at 10 TFLOP/s, 25.6 of convolutions at half that, 64 MB at 500 GB/s
+    assert probe.forward_seconds == pytest.approx(38.4e9 / 10e12 + 25.6e9 / 5e12 + 64e6 / 500e9)
+    assert probe.backward_seconds == pytest.approx(76.8e9 / 10e12 + 51.2e9 / 5e12 + 129e6 / 500e9)
+    assert probe.optimizer_seconds == pytest.approx(36e6 / 500e9)  # its counted bytes: no FLOPs
     # The copy (6.4 µs over 10 GB/s) cannot hide under a forward the device is busy with: all of it and its launch
     assert probe.data_seconds == pytest.approx(1e-3 + 64 * 1000 / 10e9 + 10e-6)
     assert probe.activation_bytes == 64_000_000 and probe.peak_bytes == 4e6 + 4e6 + 8e6 + 64e6
-    assert probe.compute_c0_seconds == pytest.approx(0, abs=1e-9)  # all work per sample: T = c1·b
-    assert probe.compute_c1_seconds_per_sample == pytest.approx(3e9 / 5e12)
+    assert probe.compute_c0_seconds == pytest.approx(1e6 / 500e9, abs=1e-9)  # the backward's fixed bytes
+    assert probe.compute_c1_seconds_per_sample == pytest.approx(1.8e9 / 10e12 + 1.2e9 / 5e12 + 3e6 / 500e9)
 
 
 def test_a_batch_copy_hides_under_the_steps_issue_where_launches_bind_and_adds_where_the_device_is_busy():
@@ -158,7 +170,7 @@ def test_a_batch_copy_hides_under_the_steps_issue_where_launches_bind_and_adds_w
     counts = StepCounts(model="M", precision="32-true", forward_flops_per_sample=1e7, forward_flops_fixed=0.0,
                         backward_flops_per_sample=2e7, backward_flops_fixed=0.0, forward_kernels=200,
                         backward_kernels=400, optimizer_kernels=2, input_bytes_per_sample=100_000)  # fmt: skip
-    probe = profile_probe(64, sizes, counts, _profile(efficiency=0.5, launch_us=10.0), gather_seconds=1e-3)
+    probe = profile_probe(64, sizes, counts, _profile(launch_us=10.0), gather_seconds=1e-3)
     assert probe.data_seconds == pytest.approx(1e-3 + 10e-6)  # the 0.64 ms copy hides under the forward's issue
 
 
@@ -182,8 +194,9 @@ def test_efficiency_can_be_set_from_the_config():
     from hslite.recipe.gate import _device_profile
 
     cfg = load_config(None, ["preflight.device=h200", "preflight.device_efficiency=0.6"])
-    assert _device_profile(cfg).efficiency == 0.6
-    assert _device_profile(load_config(None, ["preflight.device=h200"])).efficiency == DEFAULT_EFFICIENCY
+    assert _device_profile(cfg).efficiencies == {"matmul": 0.6, "conv": 0.6, "memory": 0.6}
+    default = _device_profile(load_config(None, ["preflight.device=h200"]))
+    assert default.efficiencies == load_device("h200").efficiencies
 
 
 def _check_priced_from_the_profile(report: dict, code: int) -> None:
@@ -200,10 +213,13 @@ def _check_priced_from_the_profile(report: dict, code: int) -> None:
     assert report["compute_source"] == "profile:h100_sxm" and report["compute_measured"] is False
     assert report["efficiency"] is not None and report["best_single"] is not None
     used = report["compute_profile"]
-    assert used["model"] == "SSFTT" and used["efficiency"] == DEFAULT_EFFICIENCY
+    assert used["model"] == "SSFTT" and used["efficiencies"] == load_device("h100_sxm").efficiencies
     assert 1e7 < used["flops_per_sample"] < 1e9
     assert used["peak_flops"] == pytest.approx(989.4e12)  # the recipe's bf16-mixed is priced at the bf16 peak
-    assert report["reasons"][0].startswith("compute priced from the h100_sxm profile (roofline, e = 0.35; SSFTT ")
+    assert report["reasons"][0].startswith(
+        f"compute priced from the h100_sxm profile (roofline by kernel kind: matmuls at e = {MATMUL_EFFICIENCY:g}, "
+        f"convolutions {CONV_EFFICIENCY:g}, other kernels' bytes {MEMORY_EFFICIENCY:g}; SSFTT "
+    )
     assert report["reasons"][0].endswith("GFLOP per sample forward+backward): not measured")
     assert any("device memory (79.1 GiB) from the h100_sxm profile" in reason for reason in report["reasons"])
     assert report["requested_prediction"]["memory_budget_bytes"] == load_device("h100_sxm").memory_bytes

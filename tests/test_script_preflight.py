@@ -153,3 +153,31 @@ def test_hslite_preflight_of_a_module_on_one_device_is_a_verdict(tmp_path, monke
     assert any("SlowStepModule's own training_step and configure_optimizers" in r for r in verdict.reasons)
     with pytest.raises(ConfigError, match="exactly one of datamodule= and sample_batch="):
         hslite.preflight(module=SlowStepModule())
+
+
+class PlainModule(SlowStepModule):
+    """SlowStepModule without the sleep: counted on fake tensors, its step's time is not measured anyway."""
+
+    def training_step(self, batch, batch_idx):
+        return nn.functional.mse_loss(self.net(batch["x"]), batch["target"])
+
+
+def test_a_module_is_priced_on_a_gpu_that_is_not_here_from_its_profile(tmp_path, monkeypatch):
+    from hslite.preflight.device_profile import load_device
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    verdict = hslite.preflight(module=PlainModule(), sample_batch=dict_batch(rows=64),
+                               plan={"devices": 8, "precision": "16-mixed"}, device="rtx_3090",
+                               topology="pcie4_8")  # fmt: skip
+    assert verdict.requested == Plan(devices=8, accelerator="gpu", batch_size=64, precision="16-mixed")
+    assert verdict.compute_source == "profile:rtx_3090" and not verdict.compute_measured
+    used = verdict.compute_profile
+    assert used["model"] == "PlainModule" and used["efficiencies"] == load_device("rtx_3090").efficiencies
+    forward = 2 * (FEATURES * 32 + 32 * CLASSES)  # backward: twice that, less the input's gradient nothing needs
+    assert used["flops_per_sample"] == pytest.approx(forward + 2 * forward - 2 * FEATURES * 32)
+    assert used["peak_flops"] == pytest.approx(71e12)  # 16-mixed at the fp16 tensor rate
+    assert any("PlainModule's own training_step and configure_optimizers on fake tensors" in r for r in verdict.reasons)
+    with pytest.raises(ConfigError, match="both device= .* and topology="):
+        hslite.preflight(module=PlainModule(), sample_batch=dict_batch(), device="rtx_3090")
+    with pytest.raises(ConfigError, match="a recipe names them as overrides"):
+        hslite.preflight("quickstart", device="rtx_3090", topology="pcie4_8")

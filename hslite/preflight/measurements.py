@@ -138,6 +138,17 @@ class StepCounts:
     optimizer_kernels: int  # AdamW (foreach, its CUDA default) step + zero_grad
     input_bytes_per_sample: int  # what one sample of the batch copies from host to device
     tokenizer_flops_fraction: float | None = None  # share of forward FLOPs in the tokenizer modules, when named
+    # Of the FLOPs above, the convolutions' (the rest are matmuls): the roofline prices the two kinds apart
+    forward_conv_flops_per_sample: float = 0.0
+    forward_conv_flops_fixed: float = 0.0
+    backward_conv_flops_per_sample: float = 0.0
+    backward_conv_flops_fixed: float = 0.0
+    # Bytes in and out of every other kernel (normalisations, activations, casts, reductions), read at memory speed
+    forward_bytes_per_sample: float = 0.0
+    forward_bytes_fixed: float = 0.0
+    backward_bytes_per_sample: float = 0.0
+    backward_bytes_fixed: float = 0.0
+    optimizer_bytes: float = 0.0  # the optimiser step's and zero_grad's, whatever the batch
 
     def forward_flops(self, batch_size: int) -> float:
         """Forward + loss FLOPs at `batch_size`."""
@@ -146,6 +157,19 @@ class StepCounts:
     def backward_flops(self, batch_size: int) -> float:
         """Backward FLOPs at `batch_size`."""
         return self.backward_flops_fixed + self.backward_flops_per_sample * batch_size
+
+    def phase_work(self, batch_size: int) -> dict[str, tuple[float, float, float, int]]:
+        """(matmul FLOPs, convolution FLOPs, other kernels' bytes, kernels) of forward, backward and the optimiser."""
+        b = batch_size
+        forward_conv = self.forward_conv_flops_fixed + self.forward_conv_flops_per_sample * b
+        backward_conv = self.backward_conv_flops_fixed + self.backward_conv_flops_per_sample * b
+        return {
+            "forward": (self.forward_flops(b) - forward_conv, forward_conv,
+                        self.forward_bytes_fixed + self.forward_bytes_per_sample * b, self.forward_kernels),
+            "backward": (self.backward_flops(b) - backward_conv, backward_conv,
+                         self.backward_bytes_fixed + self.backward_bytes_per_sample * b, self.backward_kernels),
+            "optimizer": (0.0, 0.0, self.optimizer_bytes, self.optimizer_kernels),
+        }  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict for JSON and the cache."""

@@ -1,14 +1,13 @@
 """A probe of a device that is not here, priced from its profile: the roofline of docs/design.md (what-if pricing).
 
-Each phase of a training step (forward, backward, optimiser) takes
-    T ≈ max(FLOPs / (peak · e), bytes / (memory BW · e), kernels · launch)
-FLOPs and kernels are counted on the model itself (`step_counts.py`); bytes are estimated from its Footprint:
-    forward    parameters read + activations saved for backward written
-    backward   parameters read + saved activations read back + their gradients written (as large) + gradients written
-    optimiser  AdamW reads parameters, gradients and both moments, and writes parameters and moments
-a lower bound on traffic: temporaries that are not saved and cache misses are not counted. The third roof is the
-host's: eager PyTorch issues a kernel per aten op, asynchronously, so a phase cannot end before its kernels are
-issued; for small models it is the roof that binds. Torch-free.
+Each phase of a training step (forward, backward, optimiser) runs its kernels one after another, each kind at its
+own share of its rate:
+    T ≈ max(matmul FLOPs / (peak · e_matmul) + convolution FLOPs / (peak · e_conv) + bytes / (memory BW · e_memory),
+            kernels · launch)
+all counted on the model's own step (`step_counts.py`): the bytes are the inputs and outputs of every kernel that is
+neither a matmul nor a convolution (normalisations, activations, casts, reductions, the optimiser's). The last roof
+is the host's: eager PyTorch issues a kernel per aten op, asynchronously, so a phase cannot end before its kernels
+are issued; for small models it is the roof that binds. Torch-free.
 """
 
 from __future__ import annotations
@@ -20,13 +19,21 @@ from hslite.preflight.device_profile import PROFILE_PREFIX, DeviceProfile
 from hslite.preflight.formulas import fit_compute_model
 from hslite.preflight.measurements import Footprint, ProbeResult, StepCounts
 
-ROOFS = ("flops", "memory", "launch")
-_BOUND = {"flops": "compute-bound", "memory": "memory-bound", "launch": "bound by the host's kernel launches"}
+KINDS = ("matmul", "conv", "memory")  # run in series on the device
+_BOUND = {"matmul": "bound by its matmuls", "conv": "bound by its convolutions", "memory": "memory-bound",
+          "launch": "bound by the host's kernel launches"}  # fmt: skip
 
 
-def roofline_seconds(flops: float, moved_bytes: float, kernels: int, profile: DeviceProfile, precision: str) -> float:
-    """max(FLOPs / (peak·e), bytes / (BW·e), kernels · launch): one phase on the profile's device."""
-    return max(_roofs_seconds(flops, moved_bytes, kernels, profile, precision).values())
+def roofline_seconds(work: tuple[float, float, float, int], profile: DeviceProfile, precision: str) -> float:
+    """One phase on the profile's device: its kinds in series, or the issue of its kernels if that is longer.
+
+    `work`: (matmul FLOPs, convolution FLOPs, other kernels' bytes, kernels), as `StepCounts.phase_work` gives it.
+    """
+    return _phase_seconds(_roofs_seconds(work, profile, precision))
+
+
+def _phase_seconds(roofs: dict[str, float]) -> float:
+    return max(sum(roofs[kind] for kind in KINDS), roofs["launch"])
 
 
 def copy_added_seconds(
@@ -46,32 +53,14 @@ def copy_added_seconds(
     return launch_seconds + max(issue_seconds, copy_seconds + device_seconds) - max(issue_seconds, device_seconds)
 
 
-def _roofs_seconds(
-    flops: float, moved_bytes: float, kernels: int, profile: DeviceProfile, precision: str
-) -> dict[str, float]:
-    e = profile.efficiency
+def _roofs_seconds(work: tuple[float, float, float, int], profile: DeviceProfile, precision: str) -> dict[str, float]:
+    matmul_flops, conv_flops, moved_bytes, kernels = work
+    peak, e = profile.peak_flops(precision), profile.efficiencies
     return {
-        "flops": flops / (profile.peak_flops(precision) * e),
-        "memory": moved_bytes / (profile.memory_gbps * 1e9 * e),
+        "matmul": matmul_flops / (peak * e["matmul"]),
+        "conv": conv_flops / (peak * e["conv"]),
+        "memory": moved_bytes / (profile.memory_gbps * 1e9 * e["memory"]),
         "launch": kernels * profile.launch_us * 1e-6,
-    }
-
-
-def _phases(sizes: Footprint, counts: StepCounts, batch_size: int) -> dict[str, tuple[float, float, int]]:
-    """(FLOPs, bytes moved, kernels) of forward, backward and the optimiser step at `batch_size`."""
-    activation_bytes = sizes.activation_bytes * batch_size / sizes.batch_size
-    return {
-        "forward": (counts.forward_flops(batch_size), sizes.param_bytes + activation_bytes, counts.forward_kernels),
-        "backward": (
-            counts.backward_flops(batch_size),
-            sizes.param_bytes + 2 * activation_bytes + sizes.grad_bytes,
-            counts.backward_kernels,
-        ),
-        "optimizer": (
-            0.0,
-            2 * sizes.param_bytes + sizes.grad_bytes + 2 * sizes.optimizer_bytes,
-            counts.optimizer_kernels,
-        ),
     }
 
 
@@ -87,18 +76,16 @@ def profile_probe(
     """
 
     def seconds(b: int) -> dict[str, float]:
-        return {
-            phase: roofline_seconds(*work, profile, counts.precision)
-            for phase, work in _phases(sizes, counts, b).items()
-        }
+        work = counts.phase_work(b)
+        return {phase: roofline_seconds(kinds, profile, counts.precision) for phase, kinds in work.items()}
 
     other_batch = batch_size // 2 if batch_size > 1 else 2  # the probe's second batch
     times, other = seconds(batch_size), seconds(other_batch)
-    forward_roofs = _roofs_seconds(*_phases(sizes, counts, batch_size)["forward"], profile, counts.precision)
+    forward_roofs = _roofs_seconds(counts.phase_work(batch_size)["forward"], profile, counts.precision)
     copy_seconds = copy_added_seconds(
         counts.input_bytes_per_sample * batch_size / (profile.host_gbps * 1e9),
         issue_seconds=forward_roofs["launch"],
-        device_seconds=max(forward_roofs["flops"], forward_roofs["memory"]),
+        device_seconds=sum(forward_roofs[kind] for kind in KINDS),
         launch_seconds=profile.launch_us * 1e-6,
     )
     c0, c1 = fit_compute_model(
@@ -123,12 +110,12 @@ def profile_probe(
     )
 
 
-def roofline_summary(sizes: Footprint, counts: StepCounts, profile: DeviceProfile, batch_size: int) -> dict[str, Any]:
-    """What the profile's pricing used, for preflight.json: peaks, e, FLOPs, and each roof of each phase in seconds."""
+def roofline_summary(counts: StepCounts, profile: DeviceProfile, batch_size: int) -> dict[str, Any]:
+    """What the profile's pricing used, for preflight.json: peaks, efficiencies, FLOPs, and each phase's roofs."""
     return {
         "profile": profile.name,
         "model": counts.model,
-        "efficiency": profile.efficiency,
+        "efficiencies": profile.efficiencies,
         "launch_us": profile.launch_us,
         "peak_flops": profile.peak_flops(counts.precision),
         "memory_gbps": profile.memory_gbps,
@@ -138,27 +125,30 @@ def roofline_summary(sizes: Footprint, counts: StepCounts, profile: DeviceProfil
         "flops_fixed": counts.forward_flops_fixed + counts.backward_flops_fixed,
         "phases": {
             phase: {
-                "flops": work[0],
-                "bytes": work[1],
-                "kernels": work[2],
-                **{f"{roof}_seconds": s for roof, s in _roofs_seconds(*work, profile, counts.precision).items()},
+                "matmul_flops": work[0],
+                "conv_flops": work[1],
+                "bytes": work[2],
+                "kernels": work[3],
+                **{f"{roof}_seconds": s for roof, s in _roofs_seconds(work, profile, counts.precision).items()},
             }
-            for phase, work in _phases(sizes, counts, batch_size).items()
+            for phase, work in counts.phase_work(batch_size).items()
         },
     }
 
 
 def profile_reasons(summary: dict[str, Any], plan: str) -> list[str]:
     """Where the compute came from and which roof binds, in words (the first reasons of a profile's verdict)."""
-    name, e = summary["profile"], summary["efficiency"]
+    name, e = summary["profile"], summary["efficiencies"]
     gflop = summary["flops_per_sample"] / 1e9
-    roofs = {roof: sum(phase[f"{roof}_seconds"] for phase in summary["phases"].values()) for roof in ROOFS}
+    roofs = {roof: sum(phase[f"{roof}_seconds"] for phase in summary["phases"].values()) for roof in (*KINDS, "launch")}
     kernels = sum(phase["kernels"] for phase in summary["phases"].values())
-    binding = max(roofs, key=lambda roof: roofs[roof])
+    device = sum(roofs[kind] for kind in KINDS)
+    binding = "launch" if roofs["launch"] > device else max(KINDS, key=lambda kind: roofs[kind])
     return [
-        f"compute priced from the {name} profile (roofline, e = {e:g}; {summary['model']} {gflop:.3g} GFLOP per sample "
-        f"forward+backward): not measured",
-        f"one micro-step of {plan} on {name}: its FLOPs need {roofs['flops'] * 1e3:.3g} ms, its memory traffic "
-        f"{roofs['memory'] * 1e3:.3g} ms, issuing its {kernels} kernels {roofs['launch'] * 1e3:.3g} ms at "
-        f"{summary['launch_us']:g} µs each: {_BOUND[binding]}",
+        f"compute priced from the {name} profile (roofline by kernel kind: matmuls at e = {e['matmul']:g}, "
+        f"convolutions {e['conv']:g}, other kernels' bytes {e['memory']:g}; {summary['model']} {gflop:.3g} GFLOP per "
+        f"sample forward+backward): not measured",
+        f"one micro-step of {plan} on {name}: its matmuls need {roofs['matmul'] * 1e3:.3g} ms, its convolutions "
+        f"{roofs['conv'] * 1e3:.3g} ms, its other kernels' memory traffic {roofs['memory'] * 1e3:.3g} ms, issuing its "
+        f"{kernels} kernels {roofs['launch'] * 1e3:.3g} ms at {summary['launch_us']:g} µs each: {_BOUND[binding]}",
     ]

@@ -222,9 +222,9 @@ def price_from_profile(
         loop_seconds_for=loop_seconds_for,
         probe_each_batch=True,
     )
-    sizes, counts = work[requested.precision]
+    _, counts = work[requested.precision]
     verdict.compute_measured = False
-    verdict.compute_profile = roofline_summary(sizes, counts, profile, requested.batch_size)
+    verdict.compute_profile = roofline_summary(counts, profile, requested.batch_size)
     verdict.reasons[:0] = profile_reasons(verdict.compute_profile, requested.describe())
     verdict.reasons.append(
         f"device memory ({profile.memory_gib:g} GiB) from the {profile.name} profile, links from the topology "

@@ -1,8 +1,9 @@
 """FLOPs and kernel launches of one training step of the model itself, counted on fake tensors (docs/design.md).
 
-FLOPs come from `torch.utils.flop_counter.FlopCounterMode`: matmuls and convolutions, forward and backward;
-elementwise ops count 0 there, and the memory roof prices them instead (`roofline.py`). They are counted at two small
-batches, so FLOPs(b) = c0 + c1·b holds exactly for models whose work is per sample, whatever batch is priced.
+FLOPs come from `torch.utils.flop_counter.FlopCounterMode`: matmuls and convolutions, forward and backward, the
+convolutions' share apart; every other kernel counts 0 FLOPs there and its bytes (inputs and outputs) instead, which
+the roofline prices at memory speed (`roofline.py`). They are counted at two small batches, so FLOPs(b) = c0 + c1·b
+holds exactly for models whose work is per sample, whatever batch is priced, and the bytes the same way.
 Kernels are the ops a step dispatches that launch one on a GPU (views, detach, allocations, host-side scalars and
 fake tensors' device queries left out): what an eager step issues, a lower bound since cuDNN may launch several per
 convolution. The step is the one that trains (`training_step.TrainingStep`): hslite's AdamW (foreach kernels, CUDA's
@@ -19,7 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from hslite.cache import read_cache, write_cache
 from hslite.preflight.activations import around_group_work
@@ -40,17 +42,37 @@ _NO_KERNEL = {
 }
 
 
+# What a step's work is counted as, each c0 + c1·b (StepCounts' {name}_per_sample and {name}_fixed)
+WORK = ("forward_flops", "backward_flops", "forward_conv_flops", "backward_conv_flops", "forward_bytes",
+        "backward_bytes")  # fmt: skip
+_CONVOLUTIONS = {torch.ops.aten.convolution, torch.ops.aten._convolution, torch.ops.aten.convolution_backward}
+
+
 class KernelCounter(TorchDispatchMode):
-    """Counts the aten ops dispatched inside it that launch a kernel on a GPU."""
+    """The aten ops dispatched inside it that launch a kernel on a GPU, with their work by kind.
+
+    `conv_flops`: the convolutions' FLOPs (torch's flop formulas, as FlopCounterMode); `bytes`: inputs and outputs of
+    every kernel that is neither a matmul nor a convolution (a lower bound on its traffic: each tensor once).
+    """
 
     def __init__(self) -> None:
         super().__init__()
         self.kernels = 0
+        self.conv_flops = 0.0
+        self.bytes = 0.0
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
         if launches_kernel(func):
             self.kernels += 1
-        return func(*args, **(kwargs or {}))
+            packet = func.overloadpacket
+            if packet in _CONVOLUTIONS:
+                self.conv_flops += flop_registry[packet](*args, **kwargs, out_val=out)
+            elif packet not in flop_registry and packet is not torch.ops.aten._unsafe_view:  # a relabelled shape
+                tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
+                self.bytes += sum(t.numel() * t.element_size() for t in tensors)
+        return out
 
 
 def launches_kernel(func: Any) -> bool:
@@ -75,12 +97,12 @@ def count_step(
     Cached like the probe when `cache_key` is given (a bf16 count takes seconds on an AVX2 CPU); `fresh=True` recounts.
     """
     key = {"cache_key": cache_key, "precision": precision, "band_groups": band_groups,
-           "step": step.label, "torch": torch.__version__}  # fmt: skip
+           "step": step.label, "torch": torch.__version__, "work": "by kind"}  # fmt: skip
     cached = None if cache_key is None or fresh else read_cache("step_counts", key)
     if cached is not None:
         return StepCounts(**cached)
     dev = torch.device("cpu")
-    flops: dict[int, tuple[float, float]] = {}
+    work: dict[int, tuple[float, ...]] = {}  # each of WORK at one batch
     tokenizer_flops = 0.0
     with fake_mode() as mode:  # nothing allocated: a model larger than this box is counted in seconds
         torch.manual_seed(0)
@@ -99,25 +121,36 @@ def count_step(
             with optimizer_kernels:
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
-            flops[batch_size] = (float(forward_counter.get_total_flops()), float(backward_counter.get_total_flops()))
+            work[batch_size] = (float(forward_counter.get_total_flops()), float(backward_counter.get_total_flops()),
+                                forward_kernels.conv_flops, backward_kernels.conv_flops, forward_kernels.bytes,
+                                backward_kernels.bytes)  # fmt: skip
             tokenizer_flops = sum(group)
-    (b1, (f1, g1)), (b2, (f2, g2)) = sorted(flops.items())
+    (b1, small), (b2, large) = sorted(work.items())
+    lines = {name: _line(b1, w1, b2, w2) for name, w1, w2 in zip(WORK, small, large, strict=True)}
     counts = StepCounts(
         model=type(model).__name__,
         precision=precision,
-        forward_flops_per_sample=(f2 - f1) / (b2 - b1),
-        forward_flops_fixed=max(0.0, f1 - (f2 - f1) / (b2 - b1) * b1),
-        backward_flops_per_sample=(g2 - g1) / (b2 - b1),
-        backward_flops_fixed=max(0.0, g1 - (g2 - g1) / (b2 - b1) * b1),
+        **{
+            f"{name}_{part}": value
+            for name, line in lines.items()
+            for part, value in zip(("per_sample", "fixed"), line, strict=True)
+        },
+        optimizer_bytes=optimizer_kernels.bytes,
         forward_kernels=forward_kernels.kernels,
         backward_kernels=backward_kernels.kernels,
         optimizer_kernels=optimizer_kernels.kernels,
         input_bytes_per_sample=batch_bytes(batch) // b2,
-        tokenizer_flops_fraction=tokenizer_flops / f2 if band_groups and f2 > 0 else None,
+        tokenizer_flops_fraction=tokenizer_flops / large[0] if band_groups and large[0] > 0 else None,
     )
     if cache_key is not None:
         write_cache("step_counts", key, counts.to_dict())
     return counts
+
+
+def _line(b1: int, w1: float, b2: int, w2: float) -> tuple[float, float]:
+    """(per sample, fixed) of work counted w1 at batch b1 and w2 at b2; the fixed part no less than 0."""
+    per_sample = (w2 - w1) / (b2 - b1)
+    return per_sample, max(0.0, w1 - per_sample * b1)
 
 
 @contextmanager

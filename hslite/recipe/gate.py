@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -179,7 +178,7 @@ def _device_profile(cfg: Config) -> DeviceProfile | None:
     if not cfg.preflight.device:
         return None
     profile = load_device(cfg.preflight.device)
-    return replace(profile, efficiency=cfg.preflight.device_efficiency) if cfg.preflight.device_efficiency else profile
+    return profile.with_efficiency(cfg.preflight.device_efficiency) if cfg.preflight.device_efficiency else profile
 
 
 def _priced_from_profile(recipe: RecipeParts, profile: DeviceProfile, topology: Topology) -> Verdict:

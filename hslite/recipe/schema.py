@@ -165,7 +165,8 @@ class PreflightConfig:
     # box you are about to buy gets a GO/NO-GO and not only links and memory; None means undecided there. GPUs that
     # are here are measured instead.
     device: str | None = None
-    device_efficiency: float = ranged(0.0, Interval(0, 0), Interval(0, 1, lo_open=True))  # roofline e; 0: the profile's
+    # one efficiency for every kind of kernel (matmuls, convolutions, memory traffic); 0: the profile's own
+    device_efficiency: float = ranged(0.0, Interval(0, 0), Interval(0, 1, lo_open=True))
     fresh: bool = False  # re-measure instead of using cached probe and link results
     probe_steps: int = ranged(5, AT_LEAST_1)  # timed steps per probe, after warm-up
 

@@ -1,11 +1,15 @@
 """The pre-flight of a team's own LightningModule: its own step probed, the plan read from a Trainer, the verdict.
 
     verdict = hslite.preflight(module=MyModule(), datamodule=MyData(), plan={"devices": 2})
+    verdict = hslite.preflight(module=MyModule(), sample_batch=batch, plan={"devices": 8}, device="rtx_3090",
+                               topology="pcie4_8")   # GPUs that are not here, priced from their datasheet
 
 The probe times the module's `training_step` and `configure_optimizers` (`preflight.lightning_step`) on one device,
 the links are measured here (or handed in: `PreflightGate` measures the launched job's own), and `run_preflight`
 prices every plan the way it prices a recipe's. Channel groups and rotation split hslite's band-group models inside
-hslite's task, so a script's plan is data parallel (plain, compressed) or FSDP.
+hslite's task, so a script's plan is data parallel (plain, compressed) or FSDP. With a device profile
+(`preflight_module_on_profile`) the module's step is counted on fake tensors instead of timed, and priced on that
+GPU's roofline, as a recipe's is with preflight.device.
 """
 
 from __future__ import annotations
@@ -20,13 +24,16 @@ from hslite.errors import ConfigError
 from hslite.parallel.box import visible_devices
 from hslite.parallel.loop_cost import cached_step_overhead, measure_step_overhead
 from hslite.parallel.plan import Plan
+from hslite.preflight.device_profile import load_device
+from hslite.preflight.footprint import measure_footprint
 from hslite.preflight.launcher_cuda import device_memory_bytes
 from hslite.preflight.lightning_step import lightning_workload
 from hslite.preflight.links import measure_links_for
 from hslite.preflight.measurements import LinkModel
 from hslite.preflight.probe import probe_for_plans
-from hslite.preflight.run import run_preflight
-from hslite.preflight.topology import Topology
+from hslite.preflight.run import price_from_profile, run_preflight
+from hslite.preflight.step_counts import count_step
+from hslite.preflight.topology import Topology, load_topology
 from hslite.preflight.verdict import Verdict
 
 MAX_PRICED_DEVICES = 16  # the largest box hslite is for, as for a recipe
@@ -98,6 +105,43 @@ def preflight_module(
             f"FSDP's own overhead not probed: {type(module).__name__} declares no FSDP_UNITS (the submodules to "
             "gather one at a time)"
         )
+    return verdict
+
+
+def preflight_module_on_profile(
+    module: pl.LightningModule,
+    batch: Any,
+    plan: Plan,
+    device: str,
+    topology: str,
+    *,
+    min_efficiency: float = 0.5,
+    fresh: bool = False,
+) -> Verdict:
+    """Price `module`'s own step on GPUs that are not here: the `device` profile's roofline, `topology`'s links.
+
+    The step (its training_step and configure_optimizers, at the plan's precision and the batch's rows) is counted
+    on fake tensors, so a model larger than this box costs no memory to price; the plan is priced on GPUs. The
+    training loop's own cost is one CPU process's here, the host work the GPU box's own CPU does.
+    """
+    workload = lightning_workload(module, batch)
+    plan = plan.with_(batch_size=workload.batch_size, accelerator="gpu").validate()
+    profile, box = load_device(device), load_topology(topology)
+
+    def footprint_for(p: Plan):
+        return measure_footprint(workload.model_factory, workload.make_batch, batch_size=p.batch_size,
+                                 precision=p.precision, step=workload.step)  # fmt: skip
+
+    def counts_for(p: Plan):
+        return count_step(workload.model_factory, workload.make_batch, precision=p.precision, step=workload.step)
+
+    verdict = price_from_profile(plan, footprint_for, counts_for, lambda batch_size: 0.0, profile, box,
+                                 min_efficiency, loop_seconds_for=lambda p: measure_step_overhead(
+                                     Plan(), LOOP_CLASSES, fresh=fresh))  # fmt: skip
+    verdict.reasons.append(
+        f"counted: {workload.step.label}'s own training_step and configure_optimizers on fake tensors, at "
+        f"{workload.batch_size} rows per device; the batch's gather (the script's own DataLoader) is not priced"
+    )
     return verdict
 
 
