@@ -224,7 +224,7 @@ def test_candidates_cover_single_amp_accumulation_dp_compression_fsdp_and_chag()
     } <= described
     assert "4×gpu dp2 chag2 b64 acc2 32-true" in described
     assert not any(p.fsdp for p in candidate_plans(requested, 4))
-    # A rotating model cannot be sharded (Plan.validate): no FSDP layout, and no error (compare asks with FSDP on)
+    # A rotating model cannot be sharded (Plan refuses it): no FSDP layout, and no error (compare asks with FSDP on)
     rotating = candidate_plans(requested.with_(rotation_groups=2), 4, chag_supported=True, include_fsdp=True)
     assert rotating and not any(p.fsdp for p in rotating)
 
@@ -281,7 +281,7 @@ def test_hybrid_sharding_keeps_fsdp_inside_a_node_and_prices_one_shard_all_reduc
     assert priced[hsdp].grad_bytes_per_step == pytest.approx(inside + across)
     assert priced[hsdp].per_device_peak_bytes > priced[fsdp].per_device_peak_bytes  # 8 shards, not 16
     with pytest.raises(ConfigError, match="hybrid_shard is how FSDP shards across nodes"):
-        Plan(devices=8, num_nodes=2, hybrid_shard=True).validate()
+        Plan(devices=8, num_nodes=2, hybrid_shard=True)
 
 
 @pytest.mark.parametrize(
@@ -422,3 +422,12 @@ def test_p_star_on_this_box_takes_the_loop_its_plans_are_priced_with():
     assert (here["p_star"], here["pays"]) == (expected.params, expected.pays)
     # A bundled topology's GPUs are not here: priced with one local rank's loop, their ranks add none of it.
     assert all(row["added_loop_seconds"] == 0 for row in report["links"][1:])
+
+
+def test_a_plan_is_checked_when_it_is_made_and_when_it_is_changed():
+    with pytest.raises(ConfigError, match=r"devices\(3\) × num_nodes\(1\) = 3 is not divisible by chag\(2\)"):
+        Plan(devices=3, chag=2)
+    with pytest.raises(ConfigError, match="precision must be one of 32-true, bf16-mixed, 16-mixed, got 'fp8'"):
+        Plan().with_(precision="fp8")
+    with pytest.raises(ConfigError, match="compression and fsdp cannot be combined"):
+        Plan(devices=2).with_(compression="int8", fsdp=True)

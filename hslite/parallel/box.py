@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 
 from hslite.errors import ConfigError
-from hslite.parallel.plan import Plan
+from hslite.parallel.plan import Accelerator, Plan
 
 CPU_PROCESSES_PER_CORE = 2  # gloo ranks a fit may start per core: enough to measure sharing, not to thrash
 
@@ -31,13 +31,17 @@ def threads_per_process(plan: Plan, cores: int | None = None) -> int:
     return max(1, cores // plan.devices)
 
 
-def resolve_accelerator(accelerator: str) -> str:
-    """'auto' becomes 'gpu' when CUDA is available, else 'cpu'."""
+def resolve_accelerator(accelerator: str) -> Accelerator:
+    """'auto' becomes 'gpu' when CUDA is available, else 'cpu'; 'cpu' and 'gpu' stay; anything else is refused."""
     if accelerator == "auto":
         import torch
 
         return "gpu" if torch.cuda.is_available() else "cpu"
-    return accelerator
+    if accelerator == "gpu":
+        return "gpu"
+    if accelerator == "cpu":
+        return "cpu"
+    raise ConfigError(f"parallel.accelerator must be auto, cpu or gpu, got {accelerator!r}.")
 
 
 def startable_devices(accelerator: str) -> int:

@@ -8,28 +8,31 @@ plain arguments (`hslite.recipe.build.plan_from_config` reads a recipe into one)
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import Any, Literal, get_args
 
 from hslite.errors import ConfigError
 
-PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
-COMPRESSIONS = ("none", "int8", "bf16", "fp16")
+Accelerator = Literal["cpu", "gpu"]
+Precision = Literal["32-true", "bf16-mixed", "16-mixed"]
+Compression = Literal["none", "int8", "bf16", "fp16"]
+PRECISIONS: tuple[str, ...] = get_args(Precision)
+COMPRESSIONS: tuple[str, ...] = get_args(Compression)
 
 
 @dataclass(frozen=True)
 class Plan:
-    """One layout of a training run over devices.
+    """One layout of a training run over devices; an inconsistent one is refused when it is made (ConfigError).
 
     world_size = devices × num_nodes = dp × chag; global batch = dp × batch_size × accumulate.
     """
 
     devices: int = 1  # devices (GPUs, or CPU processes) per node
     num_nodes: int = 1  # nodes; more than 1 runs under a launcher (torchrun, srun: `launched.py`), hslite starts none
-    accelerator: str = "cpu"  # "cpu" (gloo processes) or "gpu" (NCCL)
+    accelerator: Accelerator = "cpu"  # "cpu" (gloo processes) or "gpu" (NCCL)
     batch_size: int = 64  # per-device micro-batch, samples
     accumulate: int = 1  # micro-batches per optimiser step; 1 means no accumulation
-    precision: str = "32-true"  # Lightning precision string
-    compression: str = "none"  # gradient all-reduce compression; "none" means plain fp32 all-reduce
+    precision: Precision = "32-true"  # Lightning precision string
+    compression: Compression = "none"  # gradient all-reduce compression; "none" means plain fp32 all-reduce
     chag: int = 1  # ranks that split one sample batch's band groups; 1 means no channel parallelism
     rotation_groups: int = 0  # band groups active per step under channel-subset rotation; 0 means off
     fsdp: bool = False  # shard parameters, gradients and optimiser state across the data-parallel ranks
@@ -55,11 +58,6 @@ class Plan:
         return self.dp * self.batch_size * self.accumulate
 
     @property
-    def dp_enabled(self) -> bool:
-        """Whether gradients are averaged across replicas."""
-        return self.dp > 1
-
-    @property
     def chag_enabled(self) -> bool:
         """Whether band groups are split across ranks."""
         return self.chag > 1
@@ -79,8 +77,8 @@ class Plan:
         """Whether the gradient all-reduce is compressed."""
         return self.compression != "none"
 
-    def validate(self) -> Plan:
-        """Raise ConfigError naming every factor when the layout is inconsistent; return self otherwise."""
+    def __post_init__(self) -> None:
+        """Raise ConfigError naming every factor when the layout is inconsistent."""
         problems = []
         for name in ("devices", "num_nodes", "batch_size", "accumulate", "chag"):
             if getattr(self, name) < 1:
@@ -114,7 +112,6 @@ class Plan:
             )
         if problems:
             raise ConfigError("invalid parallel plan: " + "; ".join(problems) + ".")
-        return self
 
     def single_device(self) -> Plan:
         """The same per-device batch and precision on one device: how evaluation and prediction run."""
@@ -151,8 +148,8 @@ class Plan:
         return " ".join(parts)
 
     def with_(self, **changes: Any) -> Plan:
-        """A validated copy with some fields changed."""
-        return replace(self, **changes).validate()
+        """A copy with some fields changed (checked as any Plan is)."""
+        return replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict for JSON reports."""

@@ -57,7 +57,6 @@ def candidate_plans(
     `max_cross_node_ratio`, docs/design.md, mapping); hybrid FSDP (sharded inside each node) across nodes always.
     `down_to_one` trades micro-batch for accumulation down to 1 sample (when the requested plan does not fit).
     """
-    requested.validate()
     micro_batches = requested.dp * requested.accumulate  # micro-batches of `batch_size` per optimiser step
     plans: list[Plan] = [requested]
     precisions = ("32-true", AMP_PRECISION, requested.precision) if amp else (requested.precision,)
@@ -83,7 +82,7 @@ def candidate_plans(
                 accumulate=accumulate,
             )
             layouts = [base] + [base.with_(compression=c) for c in ("int8", "bf16")]
-            # FSDP cannot shard a rotating model (Plan.validate): its inactive groups leave units without gradients
+            # FSDP cannot shard a rotating model (Plan refuses it): its inactive groups leave units without gradients
             if include_fsdp and not base.rotation_enabled:
                 if nodes == 1 or per_layer_across_nodes:
                     layouts.append(base.with_(fsdp=True))

@@ -178,7 +178,6 @@ def predict(
     contention for the plan's ranks, else by devices × probe.threads / cores when above 1, and `device_memory_bytes`
     is host memory shared by the ranks.
     """
-    plan.validate()
     notes = _extrapolation_notes(plan, probe)
     oversubscription, cores = _cpu_sharing(plan, probe, cpu_cores, notes)
     shards = plan.shard_ranks if plan.fsdp else 1

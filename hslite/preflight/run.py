@@ -61,7 +61,6 @@ def run_preflight(
     `probe_each_batch` asks `probe_for` at each plan's own micro-batch: a profile prices any batch by formula,
     where a measured probe is timed at one and extrapolated.
     """
-    requested.validate()
     if topology is not None:
         link_for = link_for or topology.link_for
         node_link_for = node_link_for or topology.node_link_for
@@ -167,7 +166,6 @@ def price_absent_devices(
     The verdict is NO-GO when the requested plan cannot fit in the profile's device memory and UNDECIDED
     otherwise: compute of absent devices is not measured, so nothing is ranked by speed (docs/design.md, what-if).
     """
-    requested.validate()
     footprints: dict[str, Footprint] = {}
 
     def price(plan: Plan) -> Any:

@@ -17,13 +17,13 @@ from typing import Any
 import yaml
 
 from hslite.errors import ConfigError
-from hslite.parallel.plan import Plan
+from hslite.parallel.plan import Accelerator, Plan
 from hslite.preflight.launcher_cuda import device_memory_bytes
 from hslite.preflight.links import measure_links_for
 from hslite.preflight.topology import PER_LAYER_CROSS_NODE_MAX_RATIO, load_topology
 
 
-def measure_topology(devices: int, accelerator: str, *, fresh: bool = False) -> dict[str, Any]:
+def measure_topology(devices: int, accelerator: Accelerator, *, fresh: bool = False) -> dict[str, Any]:
     """A one-node topology profile of this box's link for `devices` ranks, every figure with its source."""
     if devices < 2:
         raise ConfigError(f"measuring a link needs at least 2 ranks; got --devices {devices}.")

@@ -52,7 +52,6 @@ def predict_footprint(
     node_link: LinkModel | None = None,
 ) -> FootprintPrediction:
     """Price the compute-free parts of one plan: link seconds (no-overlap bound) and per-device memory."""
-    plan.validate()
     notes: list[str] = []
     link_seconds = comm_seconds(plan, sizes, link, node_link, 0.0, True, notes)
     if plan.world_size > 1 and plan.compression == "int8":

@@ -7,6 +7,7 @@ arguments handed out here, so they stay usable from a notebook without a recipe.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import cast
 
 import numpy as np
 import torch
@@ -19,7 +20,7 @@ from hslite.models.band_groups import spectral_band_groups
 from hslite.models.pretrained import load_pretrained
 from hslite.parallel.box import resolve_accelerator
 from hslite.parallel.deadlines import Deadlines
-from hslite.parallel.plan import Plan
+from hslite.parallel.plan import Compression, Plan, Precision
 from hslite.parallel.rotation import DEFAULT_GROUPS, RotationSchedule, check_rotation
 from hslite.recipe.schema import Config
 from hslite.task import HSIClassifier
@@ -28,21 +29,22 @@ from hslite.task import HSIClassifier
 def plan_from_config(cfg: Config) -> Plan:
     """The validated Plan a recipe asks for (whether this box can run it is `check_visible`'s question)."""
     p = cfg.parallel
+    # The config's strings are checked against the Plan's literals by the Plan itself, in a sentence naming each
     return Plan(
         devices=p.devices,
         num_nodes=p.num_nodes,
         accelerator=resolve_accelerator(p.accelerator),
         batch_size=cfg.data.batch_size,
         accumulate=p.accumulate,
-        precision=p.precision,
-        compression=p.compression,
+        precision=cast(Precision, p.precision),
+        compression=cast(Compression, p.compression),
         chag=p.chag,
         rotation_groups=p.rotation_groups,
         fsdp=p.fsdp,
         hybrid_shard=p.hybrid_shard and p.fsdp,  # how FSDP shards; nothing without it
         tf32=p.tf32,
         cudnn_benchmark=p.cudnn_benchmark and not cfg.train.deterministic,  # cuDNN's timing picks kernels by chance
-    ).validate()
+    )
 
 
 def deadlines_from_config(cfg: Config) -> Deadlines:

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import lightning.pytorch as pl
 
 from hslite.errors import ConfigError
 from hslite.parallel.box import visible_devices
 from hslite.parallel.loop_cost import cached_step_overhead, measure_step_overhead
-from hslite.parallel.plan import Plan
+from hslite.parallel.plan import Accelerator, Compression, Plan, Precision
 from hslite.preflight.device_profile import load_device
 from hslite.preflight.footprint import measure_footprint
 from hslite.preflight.launcher_cuda import device_memory_bytes
@@ -64,7 +64,7 @@ def preflight_module(
     cached: a script's step is its code, which changes between runs.
     """
     workload = lightning_workload(module, batch)
-    plan = plan.with_(batch_size=workload.batch_size).validate()
+    plan = plan.with_(batch_size=workload.batch_size)
     if plan.chag_enabled or plan.rotation_enabled:
         raise ConfigError(
             "channel groups and rotation split hslite's band-group models inside hslite's task; a script's own "
@@ -125,7 +125,7 @@ def preflight_module_on_profile(
     training loop's own cost is one CPU process's here, the host work the GPU box's own CPU does.
     """
     workload = lightning_workload(module, batch)
-    plan = plan.with_(batch_size=workload.batch_size, accelerator="gpu").validate()
+    plan = plan.with_(batch_size=workload.batch_size, accelerator="gpu")
     profile, box = load_device(device), load_topology(topology)
 
     def footprint_for(p: Plan):
@@ -152,7 +152,8 @@ def plan_of_trainer(trainer: pl.Trainer, batch_size: int) -> Plan:
 
     from hslite.parallel.strategies import CompressedDDPStrategy
 
-    accelerator = {CPUAccelerator: "cpu", CUDAAccelerator: "gpu"}.get(type(trainer.accelerator))
+    accelerators: dict[type, Accelerator] = {CPUAccelerator: "cpu", CUDAAccelerator: "gpu"}
+    accelerator = accelerators.get(type(trainer.accelerator))
     strategy = trainer.strategy
     if accelerator is None:
         raise ConfigError(
@@ -167,8 +168,9 @@ def plan_of_trainer(trainer: pl.Trainer, batch_size: int) -> Plan:
         )
     compression = strategy.compression if isinstance(strategy, CompressedDDPStrategy) else "none"
     return Plan(devices=trainer.num_devices, num_nodes=trainer.num_nodes, accelerator=accelerator,
-                batch_size=batch_size, accumulate=trainer.accumulate_grad_batches, precision=str(trainer.precision),
-                compression=compression, fsdp=fsdp).validate()  # fmt: skip
+                batch_size=batch_size, accumulate=trainer.accumulate_grad_batches,
+                precision=cast(Precision, str(trainer.precision)),  # a precision the Plan does not price is refused
+                compression=cast(Compression, compression), fsdp=fsdp)  # fmt: skip
 
 
 def plan_from(settings: Plan | Mapping[str, Any] | None) -> Plan:
