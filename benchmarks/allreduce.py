@@ -7,7 +7,8 @@ Each world size forks its ranks (one thread each) once; every (size, kind) is ru
 `repeats` times behind a barrier; a time is the slowest rank's median. Bytes per rank: fp32 and bf16 are ring
 all-reduce bytes (2·(N−1)/N·S), int8 is counted by the hook from the tensors it hands to its collectives. The
 "pred" columns are the pre-flight's `allreduce_seconds` on its measured link (`measure_links`, cached) for the
-bytes `formulas.wire_bytes` puts on the wire, plus its default CPU quantise cost for int8, as `predict` composes them.
+bytes `wire_format.compressed_bytes` puts on the wire, plus its default CPU quantise cost for int8, as `predict`
+composes them.
 """
 
 import argparse
@@ -25,7 +26,7 @@ import torch.multiprocessing as mp
 
 from hslite.parallel.compression import bf16_hook, int8_hook
 from hslite.parallel.compression_state import CompressionState
-from hslite.parallel.wire_format import wire_bytes
+from hslite.parallel.wire_format import compressed_bytes, wire_bytes
 
 MB = 2**20
 KINDS = ("fp32", "int8", "bf16")
@@ -112,7 +113,7 @@ def predictor(world: int):
 
     def predict(size_bytes: float, kind: str) -> float:
         compression = {"fp32": "none", "int8": "int8", "bf16": "bf16"}[kind]
-        seconds = formulas.allreduce_seconds(formulas.wire_bytes(size_bytes, compression), world, link)
+        seconds = formulas.allreduce_seconds(compressed_bytes(size_bytes, compression), world, link)
         if kind == "int8":
             seconds += costmodel.DEFAULT_COMPRESS_SECONDS_PER_BYTE["cpu"] * size_bytes
         return seconds

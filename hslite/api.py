@@ -125,7 +125,7 @@ def preflight(
     if device is not None or topology is not None:
         raise ConfigError(
             "device= and topology= price a module of your own; a recipe names them as overrides: "
-            "[\"preflight.device=NAME\", \"preflight.topology=NAME\"]."
+            '["preflight.device=NAME", "preflight.topology=NAME"].'
         )
     from hslite.recipe.config import load_config
 

@@ -7,7 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from hslite.parallel.plan import Plan
+from hslite.parallel.plan import COMPRESSIONS, Plan
+from hslite.parallel.wire_format import compressed_bytes
 from hslite.preflight import costmodel as cm
 from hslite.preflight import formulas
 from hslite.preflight.device_profile import DEFAULT_LAUNCH_US
@@ -169,19 +170,16 @@ def test_training_loop_cost_is_paid_every_micro_step_and_counts_against_speedup(
 
 
 def test_compressed_allreduce_prices_less_wire_plus_quantise_time():
-    assert formulas.wire_bytes(GRAD_BYTES, "int8") == pytest.approx(GRAD_BYTES / 4 + 4 * math.ceil(2_000_000 / 2048))
-    assert formulas.wire_bytes(GRAD_BYTES, "bf16") == GRAD_BYTES / 2
+    assert compressed_bytes(GRAD_BYTES, "int8") == pytest.approx(GRAD_BYTES / 4 + 4 * math.ceil(2_000_000 / 2048))
+    assert compressed_bytes(GRAD_BYTES, "bf16") == GRAD_BYTES / 2
     link = LinkModel(0.0, 1 * GB)
     probe = make_probe(compress_seconds_per_byte=1e-11)
-    comm = {
-        c: cm.predict(gpu_plan(4, compression=c), probe, link, 80 * 2**30).comm_seconds
-        for c in formulas.WIRE_BYTES_PER_GRAD_BYTE
-    }
+    comm = {c: cm.predict(gpu_plan(4, compression=c), probe, link, 80 * 2**30).comm_seconds for c in COMPRESSIONS}
     assert comm["int8"] < comm["bf16"] < comm["none"]
     # One 8 MB bucket, padded on 4 ranks (2M elements in 4 shards of 245 chunks of 2041): 27 + 2·4 + 2 launches
     launches = 37 * DEFAULT_LAUNCH_US * 1e-6
     assert comm["int8"] == pytest.approx(
-        1.5 * formulas.wire_bytes(GRAD_BYTES, "int8") / GB + 1e-11 * GRAD_BYTES + launches
+        1.5 * compressed_bytes(GRAD_BYTES, "int8") / GB + 1e-11 * GRAD_BYTES + launches
     )
     defaulted = cm.predict(gpu_plan(4, compression="int8"), make_probe(), link, 80 * 2**30)
     assert any("default" in note for note in defaulted.notes)

@@ -1,17 +1,21 @@
 """What the compressed all-reduce puts on the wire: kinds, int8 chunking and bytes per rank (torch-free).
 
-The int8 hook (`compression.py`) and the pre-flight cost model both read these, so the bytes the cost model prices
-are the bytes the hook sends.
+The int8 hook (`compression.py`) and the counters of bytes sent read `wire_bytes` (one bucket on one rank); the
+pre-flight's cost model reads `compressed_bytes` (a step's gradients as the kind sends them, which its ring formulas
+multiply), from the same element sizes and int8 chunking.
 """
 
 from __future__ import annotations
 
-from hslite.errors import ConfigError
+import math
 
-KINDS = ("int8", "bf16", "fp16", "none")
+from hslite.errors import ConfigError
+from hslite.parallel.plan import COMPRESSIONS
+
+KINDS = COMPRESSIONS
 DEFAULT_CHUNK_ELEMS = 2048  # one fp32 scale per 2048 int8 values: 0.2 % of the payload
 SCALE_BYTES = 4  # scales travel as fp32
-_ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "none": 4}
+ELEMENT_BYTES = {"none": 4, "int8": 1, "bf16": 2, "fp16": 2}  # bytes a gradient element travels as
 
 
 def check_kind(kind: str) -> str:
@@ -46,7 +50,14 @@ def wire_bytes(numel: int, world_size: int, kind: str = "int8", chunk_elems: int
     if kind == "int8":
         shard, _, chunks = shard_layout(numel, world_size, chunk_elems)
         return 2 * (world_size - 1) * (shard + SCALE_BYTES * chunks)
-    return 2 * (world_size - 1) * -(-numel // world_size) * _ELEMENT_BYTES[kind]
+    return 2 * (world_size - 1) * -(-numel // world_size) * ELEMENT_BYTES[kind]
+
+
+def compressed_bytes(fp32_bytes: float, kind: str) -> float:
+    """A step's fp32 gradient bytes as `kind` sends them: S·(element bytes)/4, and one fp32 scale per int8 chunk."""
+    check_kind(kind)
+    scales = SCALE_BYTES * math.ceil(fp32_bytes / 4 / DEFAULT_CHUNK_ELEMS) if kind == "int8" else 0
+    return fp32_bytes * ELEMENT_BYTES[kind] / 4 + scales
 
 
 def fsdp_wire_bytes(param_bytes: float, grad_bytes: float, shards: int, replicas: int = 1) -> float:

@@ -12,14 +12,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from hslite.parallel.group_owners import rank_groups
-from hslite.parallel.wire_format import DEFAULT_CHUNK_ELEMS, fsdp_wire_bytes, shard_layout
-from hslite.preflight.formulas import (
-    allgather_seconds,
-    allreduce_seconds,
-    alltoall_seconds,
-    reduce_scatter_seconds,
-    wire_bytes,
-)
+from hslite.parallel.wire_format import DEFAULT_CHUNK_ELEMS, compressed_bytes, fsdp_wire_bytes, shard_layout
+from hslite.preflight.formulas import allgather_seconds, allreduce_seconds, alltoall_seconds, reduce_scatter_seconds
 from hslite.preflight.regime import plan_regime
 
 if TYPE_CHECKING:
@@ -80,7 +74,7 @@ def comm_seconds(
     elif plan.world_size > 1:  # DDP spans every rank; band groups' own gradients are summed over their owners
         ddp_bytes, owned_bytes = gradient_split(plan, sizes)
         seconds = allreduce_seconds(
-            wire_bytes(ddp_bytes, plan.compression), plan.world_size, link, ring_factor_exact=exact
+            compressed_bytes(ddp_bytes, plan.compression), plan.world_size, link, ring_factor_exact=exact
         )
         overlap = link.overlap * max(0.0, 1.0 - DDP_BUCKET_CAP_BYTES / max(ddp_bytes, 1))
         if plan.compression in SYNCHRONOUS_HOOKS:
@@ -147,7 +141,7 @@ def grad_bytes_per_step(plan: Plan, sizes: Footprint) -> float:
         replicas = plan.dp // plan.shard_ranks
         return plan.accumulate * fsdp_wire_bytes(gathered, sizes.grad_bytes, plan.shard_ranks, replicas)
     ddp_bytes, owned_bytes = gradient_split(plan, sizes)
-    ring = 2 * (plan.world_size - 1) / plan.world_size * wire_bytes(ddp_bytes, plan.compression)
+    ring = 2 * (plan.world_size - 1) / plan.world_size * compressed_bytes(ddp_bytes, plan.compression)
     return ring + (2 * (plan.dp - 1) / plan.dp * owned_bytes if plan.dp > 1 else 0.0)
 
 

@@ -7,19 +7,15 @@ P* line), which is what the reference cases assume.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from hslite.errors import ConfigError
-from hslite.parallel.wire_format import DEFAULT_CHUNK_ELEMS  # int8 values per fp32 scale in the int8 hook
 
 if TYPE_CHECKING:
     from hslite.preflight.measurements import LinkModel
-
-WIRE_BYTES_PER_GRAD_BYTE = {"none": 1.0, "int8": 0.25, "bf16": 0.5, "fp16": 0.5}
 
 
 def _ring_seconds(phases: int, total_bytes: float, world_size: int, link: LinkModel, exact: bool) -> float:
@@ -56,14 +52,6 @@ def reduce_scatter_seconds(
 ) -> float:
     """Ring reduce-scatter of a `total_bytes` input: (N−1)·alpha + (N−1)/N·S/BW."""
     return _ring_seconds(1, total_bytes, world_size, link, ring_factor_exact)
-
-
-def wire_bytes(grad_bytes: float, compression: str) -> float:
-    """Bytes all-reduced per step: S, S/2 for bf16/fp16, S/4 plus one fp32 scale per chunk for int8 (docs/design.md)."""
-    if compression not in WIRE_BYTES_PER_GRAD_BYTE:
-        raise ConfigError(f"compression must be one of {', '.join(WIRE_BYTES_PER_GRAD_BYTE)}, got {compression!r}.")
-    scales_bytes = 4 * math.ceil(grad_bytes / 4 / DEFAULT_CHUNK_ELEMS) if compression == "int8" else 0
-    return grad_bytes * WIRE_BYTES_PER_GRAD_BYTE[compression] + scales_bytes
 
 
 def ddp_step_seconds(
