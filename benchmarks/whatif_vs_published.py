@@ -29,6 +29,7 @@ import argparse
 import csv
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -57,22 +58,24 @@ def sgd(model: torch.nn.Module) -> torch.optim.Optimizer:
 SGD_STEP = TrainingStep(classifier_loss, sgd, "timm benchmark step (SGD)")
 
 
-def counted(model: str, image: int) -> StepCounts:
-    """The model's training step counted on fake tensors, as the pre-flight counts a model priced from a profile."""
+def image_batches(image: int) -> Callable[[int], tuple[torch.Tensor, torch.Tensor]]:
+    """Batches of `image` × `image` RGB images and their labels, at any batch size."""
 
     def make_batch(b: int) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.zeros(b, 3, image, image), torch.zeros(b, dtype=torch.long)
 
-    return count_step(MODELS[model], make_batch, precision=PRECISION, step=SGD_STEP)
+    return make_batch
+
+
+def counted(model: str, image: int) -> StepCounts:
+    """The model's training step counted on fake tensors, as the pre-flight counts a model priced from a profile."""
+    return count_step(MODELS[model], image_batches(image), precision=PRECISION, step=SGD_STEP)
 
 
 def priced_seconds(model: str, counts: StepCounts, batch_size: int, image: int, profile: DeviceProfile) -> float:
     """Seconds of one training step at `batch_size` as the what-if roofline prices it on `profile`."""
-
-    def make_batch(b: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.zeros(b, 3, image, image), torch.zeros(b, dtype=torch.long)
-
-    sizes = measure_footprint(MODELS[model], make_batch, batch_size=batch_size, precision=PRECISION, step=SGD_STEP)
+    sizes = measure_footprint(MODELS[model], image_batches(image), batch_size=batch_size, precision=PRECISION,
+                              step=SGD_STEP)  # fmt: skip
     probe = profile_probe(batch_size, sizes, counts, profile, gather_seconds=0.0)
     return probe.forward_seconds + probe.backward_seconds + probe.optimizer_seconds
 

@@ -151,7 +151,7 @@ class ScenePatches(Dataset):
     here a batch's coordinates are made from its range, and the labels are read from `gt` (classes 1..C, 0
     unlabelled, not copied): -1 where unlabelled, as in PatchDataset. Use with DataLoader(batch_size=None): a sampler
     over pixels would hand out a list of Python ints per batch, and Lightning's predict loop keeps every batch's list
-    for the whole pass (tens of bytes a pixel: 0.2 GB of a 2.5-million-pixel map).
+    for the whole pass (tens of bytes a pixel of the scene).
     """
 
     def __init__(self, gatherer: PatchGatherer, gt: np.ndarray, batch_size: int):

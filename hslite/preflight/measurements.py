@@ -121,10 +121,11 @@ class LinkModel:
 
 @dataclass(kw_only=True)
 class StepCounts:
-    """The work of one training step of a model, counted on this CPU: FLOPs, kernel launches, input bytes.
+    """The work of one training step of a model, counted on this CPU: FLOPs, other kernels' bytes, kernels, input.
 
     For devices that are not here, whose compute is priced from a profile (`step_counts.count_step`, `roofline.py`).
-    FLOPs are c0 + c1·b per phase, fitted on two counted batches; kernels do not depend on the batch.
+    FLOPs (the convolutions' apart) and bytes are c0 + c1·b per phase, fitted on two counted batches; kernels do not
+    depend on the batch.
     """
 
     model: str  # the model's class name

@@ -64,7 +64,7 @@ class _Collected(pl.Callback):
 
     Lightning's own collection keeps every batch's tensor until the pass ends: small allocations that live between
     the large, short-lived ones of each step, so a heap that keeps freed memory (`keep_freed_memory`) cannot reuse
-    those and grows through a map pass (0.45 GB over a 2.5-million-pixel scene).
+    those and grows through a map pass (`benchmarks/scene_scaling.py --repeat 3` shows the fit's worst peak).
     """
 
     def __init__(self, samples: int):
