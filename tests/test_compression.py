@@ -20,11 +20,7 @@ from torch import nn
 from hslite.errors import ConfigError
 from hslite.parallel.compression import (
     _clock,
-    bf16_hook,
-    fp16_hook,
-    fp32_hook,
     int8_hook,
-    make_hook,
 )
 from hslite.parallel.compression_state import CompressionState
 from hslite.parallel.wire_format import shard_layout, wire_bytes
@@ -50,13 +46,10 @@ def test_padding_stays_below_one_element_per_chunk_and_rank(numel, world):
 
 
 def test_bad_settings_are_config_errors():
-    with pytest.raises(ConfigError, match="none, int8, bf16, fp16"):
-        make_hook("int4")
     with pytest.raises(ConfigError, match="chunk_elems"):
         CompressionState(chunk_elems=0)
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match="unknown gradient compression 'fp8'; use one of none, int8, bf16, fp16"):
         CompressionState().set_kind("fp8")
-    assert [make_hook(k) for k in ("int8", "bf16", "fp16", "none")] == [int8_hook, bf16_hook, fp16_hook, fp32_hook]
 
 
 def _model_and_state():

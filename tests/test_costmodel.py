@@ -60,7 +60,7 @@ def gpu_plan(devices: int = 4, **changes) -> Plan:
 def test_seed_worked_cases_under_their_simplification(link, expected_r, expected_speedup):
     ar = formulas.allreduce_seconds(GRAD_BYTES, 4, link, ring_factor_exact=False)
     assert ar / COMPUTE_SECONDS == pytest.approx(expected_r, abs=0.005)
-    step = formulas.ddp_step_seconds(COMPUTE_SECONDS / 3, 2 * COMPUTE_SECONDS / 3, 0.0, ar, overlap=0.0)
+    step = COMPUTE_SECONDS + ar  # no optimiser time, nothing of the all-reduce hidden under the backward
     assert 4 * COMPUTE_SECONDS / step == pytest.approx(expected_speedup, abs=0.006)
     # the same numbers through predict(), which reports r and S(N) directly
     prediction = cm.predict(gpu_plan(), make_probe(), link, 80 * 2**30, ring_factor_exact=False)
@@ -154,7 +154,6 @@ def test_accumulation_divides_communication_per_sample():
     per_sample = accumulated.comm_seconds / gpu_plan(4, accumulate=4).global_batch
     assert per_sample == pytest.approx(plain.comm_seconds / gpu_plan(4).global_batch / 4)
     assert accumulated.ecd > plain.ecd
-    assert formulas.ddp_step_seconds(1.0, 2.0, 0.5, 3.0, overlap=0.5, accumulate=4) == pytest.approx(4 * 3 + 0.5 + 2.0)
 
 
 def test_training_loop_cost_is_paid_every_micro_step_and_counts_against_speedup():

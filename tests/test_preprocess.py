@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy.spatial import cKDTree
 
-from hslite.datasets.preprocess import BandNormalizer, PCAReducer, check_finite, check_labels, pad_reflect, select_bands
+from hslite.datasets.preprocess import BandNormalizer, PCAReducer, check_finite, check_labels, kept_bands, pad_reflect
 from hslite.datasets.scene_specs import INDIAN_PINES_CLASS_COUNTS
 from hslite.datasets.scenes import get_scene_spec, load_scene
 from hslite.datasets.splits import Split, audit_leakage, make_split
@@ -18,34 +18,28 @@ def _pixels(cube, coords):
 
 
 # ------------------------------------------------------------------------------------------------------------ bands
-def test_select_bands_by_index_and_wavelength_range():
-    cube = np.arange(2 * 2 * 6, dtype=np.float32).reshape(2, 2, 6)
+def test_kept_bands_by_index_and_wavelength_range():
     wavelengths = np.array([400.0, 500.0, 1400.0, 1450.0, 1900.0, 2400.0])
-    out, kept_nm, kept = select_bands(
-        cube, wavelengths, remove_indices=[0], remove_ranges_nm=[(1350, 1500), [1850, 1950]]
-    )
+    kept_nm, kept = kept_bands(6, wavelengths, remove_indices=[0], remove_ranges_nm=[(1350, 1500), [1850, 1950]])
     assert kept.tolist() == [1, 5] and kept_nm.tolist() == [500.0, 2400.0]
-    np.testing.assert_array_equal(out, cube[:, :, [1, 5]])
-    same, _, all_kept = select_bands(cube, None)
-    assert same is cube and all_kept.tolist() == list(range(6))
+    all_nm, all_kept = kept_bands(6, None)
+    assert all_nm is None and all_kept.tolist() == list(range(6))
 
 
-def test_select_bands_errors():
-    cube = np.zeros((2, 2, 4), dtype=np.float32)
+def test_kept_bands_errors():
     with pytest.raises(DataError, match=r"\[4\] are outside 0..3"):
-        select_bands(cube, None, remove_indices=[4])
+        kept_bands(4, None, remove_indices=[4])
     with pytest.raises(DataError, match="no band wavelengths"):
-        select_bands(cube, None, remove_ranges_nm=[(1, 2)])
+        kept_bands(4, None, remove_ranges_nm=[(1, 2)])
     with pytest.raises(DataError, match="drops all 4"):
-        select_bands(cube, None, remove_indices=range(4))
+        kept_bands(4, None, remove_indices=range(4))
 
 
 def test_indian_pines_water_bands_by_index_and_by_wavelength_agree():
     spec = get_scene_spec("indian_pines_raw")
-    cube = np.zeros((1, 1, 220), dtype=np.float32)
-    _, _, by_index = select_bands(cube, spec.wavelengths_nm, remove_indices=spec.water_bands)
+    _, by_index = kept_bands(220, spec.wavelengths_nm, remove_indices=spec.water_bands)
     ranges = [(1360, 1405), (1815, 1935), (2495, 2500)]
-    _, _, by_range = select_bands(cube, spec.wavelengths_nm, remove_ranges_nm=ranges)
+    _, by_range = kept_bands(220, spec.wavelengths_nm, remove_ranges_nm=ranges)
     assert by_index.size == 200 and by_index.tolist() == by_range.tolist()
 
 

@@ -17,24 +17,16 @@ NORMALISATIONS = ("zscore", "stretch2", "none")
 
 
 # ------------------------------------------------------------------------------------------------------------ bands
-def select_bands(
-    cube: np.ndarray,
-    wavelengths_nm: np.ndarray | Sequence[float] | None,
-    remove_indices: Sequence[int] = (),
-    remove_ranges_nm: Sequence[Sequence[float]] = (),
-) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
-    """Drop bands by 0-based index and by inclusive wavelength ranges; return (cube, wavelengths, kept indices)."""
-    wavelengths, kept = kept_bands(cube.shape[-1], wavelengths_nm, remove_indices, remove_ranges_nm)
-    return (cube if kept.size == cube.shape[-1] else np.take(cube, kept, axis=-1)), wavelengths, kept
-
-
 def kept_bands(
     num_bands: int,
     wavelengths_nm: np.ndarray | Sequence[float] | None,
     remove_indices: Sequence[int] = (),
     remove_ranges_nm: Sequence[Sequence[float]] = (),
 ) -> tuple[np.ndarray | None, np.ndarray]:
-    """The bands `select_bands` keeps of a `num_bands`-band cube: (their wavelengths, their 0-based indices)."""
+    """The bands kept of a `num_bands`-band cube, (wavelengths, 0-based indices), after removals by index and range.
+
+    Ranges are inclusive, in nm; `preprocess_block` takes the kept bands from each block as it is read.
+    """
     wavelengths = None if wavelengths_nm is None else np.asarray(wavelengths_nm, dtype=np.float64)
     indices = [int(i) for i in remove_indices]
     outside = [i for i in indices if not 0 <= i < num_bands]

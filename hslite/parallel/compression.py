@@ -15,7 +15,7 @@ from torch import Tensor
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from hslite.parallel.compression_state import CompressionState
-from hslite.parallel.wire_format import SCALE_BYTES, check_kind, shard_layout, wire_bytes
+from hslite.parallel.wire_format import SCALE_BYTES, shard_layout, wire_bytes
 
 # Smallest normal fp32: dividing by it instead of a zero scale keeps an all-zero chunk's codes at 0 rather than NaN.
 _TINY = torch.finfo(torch.float32).tiny
@@ -189,11 +189,6 @@ def fp32_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.futures
 
 
 _HOOKS: dict[str, Hook] = {"int8": int8_hook, "bf16": bf16_hook, "fp16": fp16_hook, "none": fp32_hook}
-
-
-def make_hook(kind: str) -> Hook:
-    """The hook for one fixed compression kind: "int8", "bf16", "fp16" or "none"."""
-    return _HOOKS[check_kind(kind)]
 
 
 def dispatch_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.futures.Future[Tensor]:

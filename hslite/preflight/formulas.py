@@ -54,19 +54,6 @@ def reduce_scatter_seconds(
     return _ring_seconds(1, total_bytes, world_size, link, ring_factor_exact)
 
 
-def ddp_step_seconds(
-    forward_seconds: float,
-    backward_seconds: float,
-    optimizer_seconds: float,
-    allreduce_seconds: float,
-    overlap: float = 0.0,
-    accumulate: int = 1,
-) -> float:
-    """Per optimiser step: G·(T_f + T_b) + T_opt + max(0, T_ar − o·T_b); one all-reduce per G micro-steps."""
-    exposed_seconds = max(0.0, allreduce_seconds - overlap * backward_seconds)
-    return accumulate * (forward_seconds + backward_seconds) + optimizer_seconds + exposed_seconds
-
-
 def fit_compute_model(batch_sizes: list[int], seconds: list[float]) -> tuple[float, float]:
     """Least-squares c0, c1 of T_c(b) ≈ c0 + c1·b (docs/design.md) from ≥ 2 batch sizes; both clipped at ≥ 0."""
     if len(set(batch_sizes)) < 2:
