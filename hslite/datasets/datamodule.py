@@ -1,8 +1,7 @@
 """LightningDataModule for one scene.
 
 prepare_data fetches files; setup builds the split, the normalisation fitted on training pixels only, and patch
-datasets that gather whole batches in one indexing op. Over 300 lines: one LightningDataModule, its loaders and the
-properties a run reads of its scene, which belong together.
+datasets that gather whole batches in one indexing op (`loaders.py` makes their DataLoaders).
 """
 
 from __future__ import annotations
@@ -12,25 +11,18 @@ from typing import Any
 
 import lightning
 import numpy as np
-import torch
 from torch.utils.data import DataLoader
 
 from hslite.datasets.fetch import ensure_file
 from hslite.datasets.input_plan import InputPlan, plan_input
+from hslite.datasets.loaders import device_type, patch_loader
 from hslite.datasets.own_scene import own_scene_for
-from hslite.datasets.patches import PatchDataset, PatchGatherer, collate_patches, stores_bands_first
+from hslite.datasets.patches import PatchDataset, PatchGatherer, stores_bands_first
 from hslite.datasets.preprocess import BandNormalizer, PCAReducer, kept_bands, preprocess_block
-from hslite.datasets.scene_input import ScenePatches, SceneTiles, padded_input, patch_bank, training_spectra
+from hslite.datasets.scene_input import ScenePatches, SceneTiles, held_input, training_spectra
 from hslite.datasets.scenes import Scene, get_scene_spec, is_synthetic, load_scene, scene_folder
 from hslite.datasets.splits import Split, audit_leakage, load_split_for, make_split
 from hslite.errors import DataError
-
-
-def _device_type(device: str) -> str:
-    try:
-        return torch.device(device).type
-    except RuntimeError:  # not a device name at all
-        return device
 
 
 class HSIDataModule(lightning.LightningDataModule):
@@ -39,18 +31,7 @@ class HSIDataModule(lightning.LightningDataModule):
     Band indices (`remove_bands`) count from 0 in the cube as distributed; `drop_water_bands` adds the scene's
     conventional water-absorption bands. Labels are zero-based (class - 1); prediction labels are -1 where unlabelled.
     `scene` is a registered name or the path of your own cube, whose label raster `labels` names (see `own_scene`).
-
-    Where batches are made, for training on a CUDA device (DISTRIBUTED-NOTES, GPUs):
-    - `gather_device=None` (the default): on the host, by the C kernel; `pin_memory=True` page-locks them, so that
-      Lightning's `non_blocking=True` copy to the GPU overlaps the step instead of waiting for the GPU first. Without
-      workers the patches are gathered straight into page-locked memory and only the labels are copied into it (a
-      DataLoader that pinned a pageable batch would copy it all again on the training thread); from workers, the
-      DataLoader's pinning thread copies each batch once. Page-locks a few batches' worth of host memory for the run.
-    - `gather_device="cuda"` (or "cuda:N"): the padded cube, coordinates and labels live on the GPU (the padded cube's
-      bytes, plus 24 bytes per sample of each set; the predict set has every pixel) and batches are gathered there:
-      no patch crosses the bus, only each batch's indices. The cube moves at the first gather, in the process that
-      gathers. Needs num_workers=0 (a worker cannot use CUDA); `pin_memory` does not apply (no host batches).
-      "cpu" runs the same torch-op gather on the host, without the C kernel: for tests and comparisons.
+    Where batches are made (`gather_device`, `pin_memory`, `num_workers`) is `loaders.py`'s subject.
     """
 
     def __init__(
@@ -85,7 +66,7 @@ class HSIDataModule(lightning.LightningDataModule):
         on_disk: bool = False,  # hold the labelled pixels' patches only, and map the scene a block at a time
     ):
         super().__init__()
-        if gather_device is not None and _device_type(gather_device) not in ("cpu", "cuda"):
+        if gather_device is not None and device_type(gather_device) not in ("cpu", "cuda"):
             raise DataError(f"gather_device must be None, 'cpu' or 'cuda[:index]'; got {gather_device!r}.")
         if gather_device is not None and num_workers:
             raise DataError(
@@ -174,25 +155,11 @@ class HSIDataModule(lightning.LightningDataModule):
             return preprocess_block(block, kept, normaliser, pca, first_row)
 
         sets = {"train": split.train, "val": split.val, "test": split.test}
-        if self.on_disk:  # hold the labelled pixels' patches only; the scene is mapped a block at a time
-            labelled = np.concatenate(list(sets.values()))
-            image = patch_bank(scene.source, transform, num_bands, self.patch_size, labelled)
-            bank_at = np.stack([np.arange(len(labelled)) * self.patch_size, np.zeros(len(labelled), np.int64)], 1)
-            ends = np.cumsum([len(coords) for coords in sets.values()])[:-1]
-            self._where = dict(zip(sets, np.split(bank_at, ends), strict=True))
-            bands_first = True
-        else:
-            bands_first = stores_bands_first(device, use_kernel=use_kernel)
-            image = padded_input(scene.source, transform, num_bands, self.patch_size, bands_first)
-            self._where = sets
-        gatherer = PatchGatherer(
-            image,
-            self.patch_size,
-            device=device,
-            use_kernel=use_kernel,
-            pin_memory=self.pinning,
-            bands_first=bands_first,
-        )
+        bands_first = self.on_disk or stores_bands_first(device, use_kernel=use_kernel)
+        image, self._where = held_input(scene.source, transform, num_bands, self.patch_size, sets, self.on_disk,
+                                        bands_first)  # fmt: skip
+        gatherer = PatchGatherer(image, self.patch_size, device=device, use_kernel=use_kernel, pin_memory=self.pinning,
+                                 bands_first=bands_first)  # fmt: skip
         for name, coords in sets.items():
             labels = scene.gt[coords[:, 0], coords[:, 1]] - 1
             train = self.augment and name == "train"
@@ -210,16 +177,8 @@ class HSIDataModule(lightning.LightningDataModule):
 
     def input_plan(self) -> InputPlan:
         """What setup() will hold of the scene (shape, bands in, patch), from the cube's header; reads no pixels."""
-        return plan_input(
-            self.own_scene,
-            self.scene_name,
-            self.remove_bands,
-            self.remove_ranges_nm,
-            self.drop_water_bands,
-            self.pca_components,
-            self.patch_size,
-            self.on_disk,
-        )
+        return plan_input(self.own_scene, self.scene_name, self.remove_bands, self.remove_ranges_nm,
+                          self.drop_water_bands, self.pca_components, self.patch_size, self.on_disk)  # fmt: skip
 
     def train_on_validation_too(self) -> None:
         """Train on the training and validation pixels (`train.refit`); normalisation and PCA stay as fitted.
@@ -252,31 +211,8 @@ class HSIDataModule(lightning.LightningDataModule):
     def _loader(self, name: str, batch_size: int, shuffle: bool) -> DataLoader:
         if not self._datasets:
             raise DataError("HSIDataModule.setup() must run before its dataloaders are requested.")
-        if self.pinning and not torch.cuda.is_available():
-            raise DataError(
-                "pin_memory=True page-locks batches for copies to a CUDA device, and torch sees none here: set "
-                "pin_memory=False (it is meant for GPU plans only)."
-            )
-        if isinstance(self._datasets[name], SceneTiles):  # batches made by the dataset, from the open cube file
-            return DataLoader(self._datasets[name], batch_size=None)
-        on_cuda = self.gather_device is not None and _device_type(self.gather_device) == "cuda"
-        if on_cuda and not torch.cuda.is_available():
-            raise DataError(
-                f"gather_device={self.gather_device!r} keeps the cube on a CUDA device, and torch sees none here: set "
-                "gather_device=None to gather on the host."
-            )
-        dataset = self._datasets[name]
-        return DataLoader(
-            dataset,
-            batch_size=None if isinstance(dataset, ScenePatches) else batch_size,  # it makes its batches
-            shuffle=shuffle,
-            drop_last=False,
-            num_workers=self.num_workers,
-            collate_fn=collate_patches,
-            # Patches are gathered straight into page-locked memory; the DataLoader page-locks the rest of a batch
-            # (the labels) and, from workers, whole batches, which arrive in shared memory.
-            pin_memory=self.pinning,
-            persistent_workers=self.num_workers > 0,
+        return patch_loader(
+            self._datasets[name], batch_size, shuffle, self.num_workers, self.pinning, self.gather_device
         )
 
     def train_dataloader(self) -> DataLoader:

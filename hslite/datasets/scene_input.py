@@ -144,6 +144,29 @@ def reflect_edges(pixels: np.ndarray, radius: int) -> None:
         pixels[:, radius + cols - 1 + k] = pixels[:, radius + cols - 1 - k]
 
 
+def held_input(
+    source: CubeFile,
+    transform: Callable[[np.ndarray, int], np.ndarray],
+    num_bands: int,
+    patch_size: int,
+    sets: dict[str, np.ndarray],
+    on_disk: bool,
+    bands_first: bool,
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The one array a fit holds, and where each set's patches are in it.
+
+    The padded scene at the sets' own pixel coordinates, or with `on_disk` the labelled pixels' patches only (a bank,
+    bands first), each set at its place there.
+    """
+    if not on_disk:
+        return padded_input(source, transform, num_bands, patch_size, bands_first), sets
+    labelled = np.concatenate(list(sets.values()))
+    image = patch_bank(source, transform, num_bands, patch_size, labelled)
+    bank_at = np.stack([np.arange(len(labelled)) * patch_size, np.zeros(len(labelled), np.int64)], 1)
+    ends = np.cumsum([len(coords) for coords in sets.values()])[:-1]
+    return image, dict(zip(sets, np.split(bank_at, ends), strict=True))
+
+
 class ScenePatches(Dataset):
     """Every pixel of a (rows, cols) scene in row-major order, a batch of consecutive pixels per item.
 
