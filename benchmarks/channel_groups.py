@@ -37,7 +37,7 @@ def _rank(rank: int, world: int, init_file: str, model_kwargs: dict, batch: tupl
 
     from hslite.models import get_model
     from hslite.parallel.channel_groups import ChannelGroups
-    from hslite.preflight.activations import SavedTensorCounter
+    from hslite.preflight_check.activations import SavedTensorCounter
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=120))  # fmt: skip
@@ -79,8 +79,8 @@ def main() -> int:
 
     from preflight_fidelity import COMMON_OVERRIDES, RECIPE_FOR_DEVICES, STEPS, Case
 
-    from hslite.compare.measure import run_compare
-    from hslite.compare.rows import CompareOptions, RowSpec
+    from hslite.comparison.measure import run_compare
+    from hslite.comparison.rows import CompareOptions, RowSpec
     from hslite.parallel.plan import Plan
     from hslite.recipe.build import prepared_datamodule
     from hslite.recipe.config import load_config

@@ -10,7 +10,7 @@ Each plan is one fit of its own, so the full matrix takes a while on 2 cores; th
 
 On a shared machine, quote `--fresh`: a probe cached an hour earlier saw another load than the fit it predicts.
 
-This file is the case matrix only: every plan is a row of `hslite compare` (hslite/compare/), measured as compare
+This file is the case matrix only: every plan is a row of `hslite compare` (hslite/comparison/), measured as compare
 measures, each row one `hslite fit` in a process of its own on this machine (gloo processes sharing its cores, the
 synthetic Indian-Pines-shaped scene of the quickstart recipes: quickstart, quickstart_cpu2, quickstart_cpu4 by
 process count). A row's prediction is the pre-flight its fit ran; its measurement is that fit's median step. E is
@@ -35,9 +35,9 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from hslite.compare.measure import run_compare
-from hslite.compare.report import print_table, summary_line
-from hslite.compare.rows import CompareOptions, CompareRow, RowSpec
+from hslite.comparison.measure import run_compare
+from hslite.comparison.report import print_table, summary_line
+from hslite.comparison.rows import CompareOptions, CompareRow, RowSpec
 from hslite.parallel.plan import Plan
 
 STEPS = 22  # timed optimiser steps per row: with compare's 2 of warm-up, the 24 batches a median settles on here

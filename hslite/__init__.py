@@ -6,15 +6,13 @@
     trainer = lightning.pytorch.Trainer(..., callbacks=[hslite.PreflightGate()])  # your own script, gated
 
 `import hslite` imports neither torch nor Lightning: each name below loads its module on first use (PEP 562).
-`hslite.preflight` and `hslite.compare` are functions; their subpackages are imported by full name
-(`from hslite.preflight.verdict import Verdict`).
+`hslite.preflight` and `hslite.compare` are functions; the code behind them is in `hslite.preflight_check` and
+`hslite.comparison`.
 """
 
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 from hslite.errors import ConfigError, DataError, HSLiteError, ModelError
@@ -30,7 +28,7 @@ _LAZY = {
     "CompareTable": "hslite.api",
     "register_model": "hslite.models",
     "PreflightGate": "hslite.script.callback",
-    "PreflightRefused": "hslite.preflight.verdict",
+    "PreflightRefused": "hslite.preflight_check.verdict",
 }
 _RENAMED = {"register_model": "register"}
 
@@ -53,25 +51,8 @@ __all__ = [
 if TYPE_CHECKING:
     from hslite.api import CompareTable, compare, fit, predict, preflight
     from hslite.models import register as register_model
-    from hslite.preflight.verdict import PreflightRefused
+    from hslite.preflight_check.verdict import PreflightRefused
     from hslite.script.callback import PreflightGate
-
-
-class _Package(types.ModuleType):
-    """hslite's module: `preflight` and `compare` stay the API's functions once their subpackages are imported.
-
-    The import system sets a package's attribute to each subpackage it loads (`import hslite.preflight.verdict`
-    would turn `hslite.preflight` into a module); this keeps the functions. The subpackages stay importable by
-    their full names: `from hslite.preflight.verdict import Verdict`.
-    """
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in ("preflight", "compare") and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> Any:

@@ -28,9 +28,9 @@ from hslite.process.caller_state import caller_state_kept
 from hslite.recipe.config import text_value, value_text
 
 if TYPE_CHECKING:
-    from hslite.compare.rows import CompareOptions, CompareRow
+    from hslite.comparison.rows import CompareOptions, CompareRow
     from hslite.models import ModelClass
-    from hslite.preflight.verdict import Verdict
+    from hslite.preflight_check.verdict import Verdict
     from hslite.run.fit import RunResult
     from hslite.run.predict import PredictResult
 
@@ -146,7 +146,7 @@ class CompareTable:
 
     def to_dict(self) -> dict[str, Any]:
         """compare.json's content."""
-        from hslite.compare.report import compare_json
+        from hslite.comparison.report import compare_json
 
         return compare_json(self.rows, self.options)
 
@@ -163,8 +163,8 @@ def compare(
 
     `recipes`: names, globs (`"compare_cpu_*"`) or .yaml paths; `overrides` apply to every row.
     """
-    from hslite.compare.measure import run_compare
-    from hslite.compare.rows import parse_options
+    from hslite.comparison.measure import run_compare
+    from hslite.comparison.rows import parse_options
 
     names = [recipes] if isinstance(recipes, str) else list(recipes)
     options_items = [f"recipes={','.join(names)}", f"measure={value_text(measure)}"]

@@ -49,7 +49,7 @@ def _cmd_preflight(args: argparse.Namespace) -> int:
     from hslite.api import preflight
 
     verdict = preflight(None, args.overrides)
-    from hslite.preflight.report import print_verdict
+    from hslite.preflight_check.report import print_verdict
 
     if args.json:
         print(json.dumps(verdict.to_dict(), indent=2, default=str))
@@ -59,9 +59,9 @@ def _cmd_preflight(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from hslite.compare.measure import run_compare  # torch and Lightning only once every config is valid
-    from hslite.compare.report import print_compare
-    from hslite.compare.rows import parse_options
+    from hslite.comparison.measure import run_compare  # torch and Lightning only once every config is valid
+    from hslite.comparison.report import print_compare
+    from hslite.comparison.rows import parse_options
 
     options = parse_options(args.overrides)
     rows, folder = run_compare(options, progress=lambda line: print(line, file=sys.stderr))
@@ -142,8 +142,8 @@ def _cmd_data(args: argparse.Namespace) -> int:
 
 def _cmd_topology(args: argparse.Namespace) -> int:
     from hslite.parallel.box import resolve_accelerator
-    from hslite.preflight.topology import load_topology
-    from hslite.preflight.topology_file import measure_topology, write_topology
+    from hslite.preflight_check.topology import load_topology
+    from hslite.preflight_check.topology_file import measure_topology, write_topology
 
     accelerator = resolve_accelerator(args.accelerator)
     path = write_topology(measure_topology(args.devices, accelerator, fresh=args.fresh), args.output)

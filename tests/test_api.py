@@ -67,9 +67,12 @@ def test_fit_of_an_own_model_class_returns_the_run_and_predict_maps_with_it(tmp_
 
 
 def test_preflight_returns_the_verdict_object_the_cli_prints():
-    from hslite.preflight.verdict import Verdict  # the subpackage of the same name stays importable by full name
+    import hslite.comparison.rows
+    from hslite.preflight_check.verdict import Verdict
 
+    # The functions and the packages behind them have names of their own: importing one leaves the other as it is
     assert callable(hslite.preflight) and callable(hslite.compare) and Verdict.better_plan
+    assert hslite.comparison.rows.CompareRow is not None
     verdict = hslite.preflight("quickstart", {"data.scene": "synthetic_tiny"})
     assert verdict.go is True and verdict.exit_code == 0 and verdict.better_plan is None
     assert verdict.to_dict()["decision"] == "GO"

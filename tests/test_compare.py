@@ -9,14 +9,14 @@ import pytest
 from test_auto_plan import prediction
 
 from hslite.cli import main
-from hslite.compare.measure import _best_single_plan, _entry, _references, _relate, _workload, run_compare
-from hslite.compare.report import median_abs_error, summary_line
-from hslite.compare.rows import CompareOptions, CompareRow, RowSpec, parse_options
+from hslite.comparison.measure import _best_single_plan, _entry, _references, _relate, _workload, run_compare
+from hslite.comparison.report import median_abs_error, summary_line
+from hslite.comparison.rows import CompareOptions, CompareRow, RowSpec, parse_options
 from hslite.errors import ConfigError
 from hslite.parallel.plan import Plan
 from hslite.parallel.usage import malloc_in_use_bytes
 from hslite.parallel.wire_format import wire_bytes
-from hslite.preflight.verdict import decide
+from hslite.preflight_check.verdict import decide
 from hslite.recipe.build import build_model, plan_from_config, prepared_datamodule
 from hslite.recipe.config import list_recipes, load_config
 
@@ -173,7 +173,7 @@ def _measured_row(label, report, oa=None):
 
 
 def test_a_channel_group_row_is_adopted_only_when_over_5_percent_faster_than_plain_dp_at_unchanged_accuracy():
-    from hslite.compare.chag_rule import judge_channel_groups
+    from hslite.comparison.chag_rule import judge_channel_groups
 
     chag, dp = Plan(devices=4, chag=2, batch_size=32), Plan(devices=4, batch_size=16)  # both 64 samples a step
     cases = {  # (chag row's measured step, its OA, DP's OA) -> the rule's first word
@@ -202,7 +202,7 @@ def test_a_channel_group_row_is_adopted_only_when_over_5_percent_faster_than_pla
 
 
 def test_accuracy_trains_every_row_to_the_end_and_needs_measure():
-    from hslite.compare.measure import SHORT_OVERRIDES, run_overrides
+    from hslite.comparison.measure import SHORT_OVERRIDES, run_overrides
 
     options = parse_options(["recipes=quickstart", "measure=true", "accuracy=true"])
     assert options.accuracy and not set(SHORT_OVERRIDES) & set(run_overrides(options))
@@ -338,7 +338,7 @@ def test_measured_comparison_of_one_and_two_processes(tmp_path, monkeypatch, cap
 
 
 def test_a_verdicts_reference_is_found_among_every_layout_the_preflight_prices():
-    from hslite.compare.measure import _best_single_plan
+    from hslite.comparison.measure import _best_single_plan
     from hslite.parallel.plan import Plan
 
     requested = Plan(devices=8, accelerator="gpu", batch_size=64)

@@ -9,11 +9,11 @@ import pytest
 
 from hslite.parallel.plan import COMPRESSIONS, Plan
 from hslite.parallel.wire_format import compressed_bytes
-from hslite.preflight import costmodel as cm
-from hslite.preflight import formulas
-from hslite.preflight.device_profile import DEFAULT_LAUNCH_US
-from hslite.preflight.measurements import LinkModel, ProbeResult
-from hslite.preflight.run import run_preflight
+from hslite.preflight_check import costmodel as cm
+from hslite.preflight_check import formulas
+from hslite.preflight_check.device_profile import DEFAULT_LAUNCH_US
+from hslite.preflight_check.measurements import LinkModel, ProbeResult
+from hslite.preflight_check.run import run_preflight
 
 GB = 1e9
 MB = 1e6
@@ -188,7 +188,7 @@ def test_the_int8_hooks_launches_grow_with_the_ranks_as_its_kernel_count_and_van
     monkeypatch,
 ):
     from hslite.parallel.compression import int8_hook
-    from hslite.preflight.comm_cost import DDP_BUCKET_CAP_BYTES, int8_hook_seconds, int8_kernels_per_bucket
+    from hslite.preflight_check.comm_cost import DDP_BUCKET_CAP_BYTES, int8_hook_seconds, int8_kernels_per_bucket
 
     assert [int8_kernels_per_bucket(4096, n) for n in (2, 4, 8)] == [31, 35, 43]  # 27 + 2·N: 4096 splits evenly
     assert int8_kernels_per_bucket(10_000, 3) == 27 + 2 * 3 + 2  # 3 shards of 3334: padding zeroed, last shard cut
@@ -322,7 +322,7 @@ def _int8_hook_kernels(hook, elements: int, world: int, monkeypatch) -> int:
     ],
 )
 def test_every_plan_is_named_by_the_regime_that_bounds_it(link, regime):
-    from hslite.preflight.regime import LEVERS
+    from hslite.preflight_check.regime import LEVERS
 
     pred = cm.predict(gpu_plan(4), make_probe(), link, 80 * 2**30)
     assert pred.regime == regime

@@ -9,9 +9,9 @@ import pytest
 
 from hslite.errors import ConfigError, HSLiteError
 from hslite.parallel.plan import Plan
-from hslite.preflight.links import fit_link, measure_links
-from hslite.preflight.measurements import LinkModel
-from hslite.preflight.topology import list_topologies, load_topology
+from hslite.preflight_check.links import fit_link, measure_links
+from hslite.preflight_check.measurements import LinkModel
+from hslite.preflight_check.topology import list_topologies, load_topology
 
 FIGURES = ("intra_gbps", "inter_gbps", "intra_latency_us", "inter_latency_us", "device_memory_gib")
 
@@ -85,7 +85,7 @@ def test_link_for_picks_intra_node_link_inside_a_node_and_inter_node_across():
         chag_plan.with_(chag=1, fsdp=True)
     )
     assert "channel groups across nodes" in topology.mapping_refusal(chag_plan.with_(devices=6, chag=4))
-    assert topology.mapping_refusal(Plan(devices=6, accelerator="gpu", chag=4)) is None  # one node: nothing crosses
+    assert topology.mapping_refusal(Plan(devices=8, accelerator="gpu", chag=4)) is None  # one node: nothing crosses
     assert load_topology("nvlink_8_ib_hdr_2nodes").mapping_refusal(chag_plan.with_(chag=1, fsdp=True)) is None  # R ≈ 2
     with pytest.raises(ConfigError, match="has 8 × 2"):
         topology.link_for(Plan(devices=16, accelerator="gpu"))
@@ -99,7 +99,7 @@ def test_real_two_process_gloo_measurement_is_positive_and_cached(cache_dir, mon
     assert link.alpha_seconds > 0 and 0 < link.bandwidth_bytes_per_second < math.inf
     assert 0.0 <= link.overlap <= 1.0 and len(link.points) >= 4
     monkeypatch.setattr(
-        importlib.import_module("hslite.preflight.links").mp,
+        importlib.import_module("hslite.preflight_check.links").mp,
         "start_processes",
         lambda *a, **k: pytest.fail("a cache hit started ranks"),
     )

@@ -13,7 +13,7 @@ link model). Counted in both, 4 gloo ranks on 2 cores were priced up to 45 % ove
 DDP when there are several; `BareStepTimer`), and the loop's cost is the figure net of it: what Lightning, the
 metrics and the logging add around a step.
 
-It lives beside the code that builds trainers, not in `preflight/`: the pre-flight never builds a Trainer, it is
+It lives beside the code that builds trainers, not in `preflight_check/`: the pre-flight never builds a Trainer, it is
 handed `measure_step_overhead` as a callable (`hslite.recipe.gate`).
 """
 

@@ -1,6 +1,6 @@
 """A recipe's parts from its Config: the Plan, the datamodule, the model and the task.
 
-The one place that reads a Config into components; datasets, models, `parallel/` and `preflight/` take the plain
+The one place that reads a Config into components; datasets, models, `parallel/` and `preflight_check/` take the plain
 arguments handed out here, so they stay usable from a notebook without a recipe.
 """
 

@@ -3,7 +3,7 @@
 `hslite fit` and `hslite preflight` both call `preflight_check` once the config and the data are known to be good.
 The probe times batches from the datamodule that trains (the same bands, PCA, patches and gather), and the model
 comes from the same builder; the training-loop cost is measured by `parallel.loop_cost`, handed to the pre-flight as
-a callable, so `preflight/` never builds a Trainer and never reads a Config. `preflight_check` picks one of three
+a callable, so `preflight_check/` never builds a Trainer and never reads a Config. `preflight_check` picks one of three
 ways to price: devices measured here, GPUs priced from a device profile, or links and memory only.
 """
 
@@ -20,17 +20,17 @@ from hslite.errors import ConfigError
 from hslite.parallel.box import visible_devices
 from hslite.parallel.plan import Plan
 from hslite.parallel.rank_setup import quiet_lightning
-from hslite.preflight.device_profile import DeviceProfile, list_devices, load_device
-from hslite.preflight.fake_tensors import fake_mode
-from hslite.preflight.launcher_cuda import device_memory_bytes, forked_cuda_devices
-from hslite.preflight.links import measure_links_for
-from hslite.preflight.measurements import StepCounts
-from hslite.preflight.probe import probe_for_plans
-from hslite.preflight.run import price_absent_devices, price_from_profile, run_preflight
-from hslite.preflight.step_counts import count_step
-from hslite.preflight.timers import wall_seconds
-from hslite.preflight.topology import Topology, list_topologies, load_topology
-from hslite.preflight.verdict import PreflightUndecided, Verdict
+from hslite.preflight_check.device_profile import DeviceProfile, list_devices, load_device
+from hslite.preflight_check.fake_tensors import fake_mode
+from hslite.preflight_check.launcher_cuda import device_memory_bytes, forked_cuda_devices
+from hslite.preflight_check.links import measure_links_for
+from hslite.preflight_check.measurements import StepCounts
+from hslite.preflight_check.probe import probe_for_plans
+from hslite.preflight_check.run import price_absent_devices, price_from_profile, run_preflight
+from hslite.preflight_check.step_counts import count_step
+from hslite.preflight_check.timers import wall_seconds
+from hslite.preflight_check.topology import Topology, list_topologies, load_topology
+from hslite.preflight_check.verdict import PreflightUndecided, Verdict
 from hslite.recipe.build import build_model, checked_rotation, plan_from_config, prepared_datamodule
 from hslite.recipe.recipe_parts import RecipeParts
 from hslite.recipe.schema import Config

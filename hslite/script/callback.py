@@ -26,11 +26,11 @@ import torch.distributed as dist
 
 from hslite.errors import ConfigError, HSLiteError
 from hslite.parallel.plan import Plan
-from hslite.preflight.candidates import candidate_plans
-from hslite.preflight.lightning_step import batch_rows
-from hslite.preflight.links import measure_launched_link
-from hslite.preflight.measurements import LinkModel
-from hslite.preflight.verdict import PreflightRefused, Verdict
+from hslite.preflight_check.candidates import candidate_plans
+from hslite.preflight_check.lightning_step import batch_rows
+from hslite.preflight_check.links import measure_launched_link
+from hslite.preflight_check.measurements import LinkModel
+from hslite.preflight_check.verdict import PreflightRefused, Verdict
 from hslite.process.caller_state import caller_state_kept
 from hslite.script.check import plan_of_trainer, preflight_module
 

@@ -24,17 +24,17 @@ from hslite.errors import ConfigError
 from hslite.parallel.box import visible_devices
 from hslite.parallel.loop_cost import cached_step_overhead, measure_step_overhead
 from hslite.parallel.plan import Accelerator, Compression, Plan, Precision
-from hslite.preflight.device_profile import load_device
-from hslite.preflight.footprint import measure_footprint
-from hslite.preflight.launcher_cuda import device_memory_bytes
-from hslite.preflight.lightning_step import lightning_workload
-from hslite.preflight.links import measure_links_for
-from hslite.preflight.measurements import LinkModel
-from hslite.preflight.probe import probe_for_plans
-from hslite.preflight.run import price_from_profile, run_preflight
-from hslite.preflight.step_counts import count_step
-from hslite.preflight.topology import Topology, load_topology
-from hslite.preflight.verdict import Verdict
+from hslite.preflight_check.device_profile import load_device
+from hslite.preflight_check.footprint import measure_footprint
+from hslite.preflight_check.launcher_cuda import device_memory_bytes
+from hslite.preflight_check.lightning_step import lightning_workload
+from hslite.preflight_check.links import measure_links_for
+from hslite.preflight_check.measurements import LinkModel
+from hslite.preflight_check.probe import probe_for_plans
+from hslite.preflight_check.run import price_from_profile, run_preflight
+from hslite.preflight_check.step_counts import count_step
+from hslite.preflight_check.topology import Topology, load_topology
+from hslite.preflight_check.verdict import Verdict
 
 MAX_PRICED_DEVICES = 16  # the largest box hslite is for, as for a recipe
 LOOP_CLASSES = 2  # the loop-cost stand-in's outputs: a script's own metrics are not known, so the fewest
