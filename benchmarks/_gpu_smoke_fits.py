@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 from hslite.cli import main as hslite
 from hslite.comparison.measure import run_compare
 from hslite.comparison.rows import DEFAULT_STEPS, CompareOptions, CompareRow, RowSpec
-from hslite.preflight_check.roofline import KINDS
+from hslite.preflight_check.price.roofline import KINDS
 from hslite.recipe.config import load_config
 from hslite.recipe.schema import Config
 from hslite.run.checkpoints import load_weights
@@ -297,7 +297,7 @@ def check_calibration(ctx: Context) -> None:
                "e) takes minutes per epoch on a CPU; e.fp32 alone shows the path")  # fmt: skip
     profile = "h200"
     if ctx.cuda:
-        from hslite.preflight_check.device_profile import device_for_gpu
+        from hslite.preflight_check.hardware.device_profile import device_for_gpu
 
         profile = device_for_gpu(torch.cuda.get_device_name(0)) or profile
     calibrations: list[dict[str, Any]] = []

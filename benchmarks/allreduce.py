@@ -105,10 +105,10 @@ def measure(world: int, sizes_mb: list[float], repeats: int) -> list[dict]:
 def predictor(world: int):
     """Pre-flight prediction of each kind's all-reduce seconds on this machine's measured gloo link, or None."""
     try:
-        from hslite.preflight_check import costmodel, formulas
-        from hslite.preflight_check.links import measure_links
+        from hslite.preflight_check.hardware.links import measure_links
+        from hslite.preflight_check.price import costmodel, formulas
     except ImportError:
-        return None, "pending: hslite.preflight_check.costmodel / links not available"
+        return None, "pending: hslite.preflight_check.price.costmodel / links not available"
     link = measure_links(world)
 
     def predict(size_bytes: float, kind: str) -> float:

@@ -25,7 +25,7 @@ ROWS = (("full band", 0, 1), ("rotation 2/4, same steps", 2, 1), ("rotation 2/4,
 def _activation_bytes(cfg, rotation: int) -> int:
     import torch
 
-    from hslite.preflight_check.activations import SavedTensorCounter
+    from hslite.preflight_check.measure.activations import SavedTensorCounter
     from hslite.recipe.build import build_task, plan_from_config, prepared_datamodule
     from hslite.recipe.recipe_parts import training_batches
 

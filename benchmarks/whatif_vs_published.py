@@ -35,12 +35,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hslite.preflight_check.device_profile import DeviceProfile, load_device
-from hslite.preflight_check.footprint import measure_footprint
+from hslite.preflight_check.hardware.device_profile import DeviceProfile, load_device
+from hslite.preflight_check.measure.footprint import measure_footprint
+from hslite.preflight_check.measure.step_counts import count_step
+from hslite.preflight_check.measure.training_step import TrainingStep, classifier_loss
 from hslite.preflight_check.measurements import StepCounts
-from hslite.preflight_check.roofline import KINDS, profile_probe, roofline_summary
-from hslite.preflight_check.step_counts import count_step
-from hslite.preflight_check.training_step import TrainingStep, classifier_loss
+from hslite.preflight_check.price.roofline import KINDS, profile_probe, roofline_summary
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from published_models import MODELS  # noqa: E402 - the benchmark's own module beside it

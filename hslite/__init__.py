@@ -27,8 +27,8 @@ _LAZY = {
     "predict": "hslite.api",
     "CompareTable": "hslite.api",
     "register_model": "hslite.models",
-    "PreflightGate": "hslite.script.callback",
-    "PreflightRefused": "hslite.preflight_check.verdict",
+    "PreflightGate": "hslite.preflight_check.own_script.callback",
+    "PreflightRefused": "hslite.preflight_check.decide.verdict",
 }
 _RENAMED = {"register_model": "register"}
 
@@ -51,8 +51,8 @@ __all__ = [
 if TYPE_CHECKING:
     from hslite.api import CompareTable, compare, fit, predict, preflight
     from hslite.models import register as register_model
-    from hslite.preflight_check.verdict import PreflightRefused
-    from hslite.script.callback import PreflightGate
+    from hslite.preflight_check.decide.verdict import PreflightRefused
+    from hslite.preflight_check.own_script.callback import PreflightGate
 
 
 def __getattr__(name: str) -> Any:

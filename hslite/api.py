@@ -30,7 +30,7 @@ from hslite.recipe.config import text_value, value_text
 if TYPE_CHECKING:
     from hslite.comparison.rows import CompareOptions, CompareRow
     from hslite.models import ModelClass
-    from hslite.preflight_check.verdict import Verdict
+    from hslite.preflight_check.decide.verdict import Verdict
     from hslite.run.fit import RunResult
     from hslite.run.predict import PredictResult
 
@@ -104,7 +104,12 @@ def preflight(
     module on GPUs that are not here, counted on fake tensors and priced from the GPU's datasheet and the box's links.
     """
     if module is not None:
-        from hslite.script.check import first_batch, plan_from, preflight_module, preflight_module_on_profile
+        from hslite.preflight_check.own_script.check import (
+            first_batch,
+            plan_from,
+            preflight_module,
+            preflight_module_on_profile,
+        )
 
         if recipe is not None or overrides:
             raise ConfigError("preflight takes a recipe or a module, not both: the module's own plan is `plan=`.")

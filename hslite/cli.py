@@ -49,7 +49,7 @@ def _cmd_preflight(args: argparse.Namespace) -> int:
     from hslite.api import preflight
 
     verdict = preflight(None, args.overrides)
-    from hslite.preflight_check.report import print_verdict
+    from hslite.preflight_check.decide.report import print_verdict
 
     if args.json:
         print(json.dumps(verdict.to_dict(), indent=2, default=str))
@@ -142,8 +142,8 @@ def _cmd_data(args: argparse.Namespace) -> int:
 
 def _cmd_topology(args: argparse.Namespace) -> int:
     from hslite.parallel.box import resolve_accelerator
-    from hslite.preflight_check.topology import load_topology
-    from hslite.preflight_check.topology_file import measure_topology, write_topology
+    from hslite.preflight_check.hardware.topology import load_topology
+    from hslite.preflight_check.hardware.topology_file import measure_topology, write_topology
 
     accelerator = resolve_accelerator(args.accelerator)
     path = write_topology(measure_topology(args.devices, accelerator, fresh=args.fresh), args.output)

@@ -68,7 +68,7 @@ def test_fit_of_an_own_model_class_returns_the_run_and_predict_maps_with_it(tmp_
 
 def test_preflight_returns_the_verdict_object_the_cli_prints():
     import hslite.comparison.rows
-    from hslite.preflight_check.verdict import Verdict
+    from hslite.preflight_check.decide.verdict import Verdict
 
     # The functions and the packages behind them have names of their own: importing one leaves the other as it is
     assert callable(hslite.preflight) and callable(hslite.compare) and Verdict.better_plan

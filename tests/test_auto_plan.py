@@ -11,8 +11,8 @@ from quick_fit import QUICK_FIT
 from hslite.errors import ConfigError
 from hslite.parallel.box import startable_devices
 from hslite.parallel.plan import Plan
-from hslite.preflight_check.costmodel import Prediction
-from hslite.preflight_check.verdict import decide
+from hslite.preflight_check.decide.verdict import decide
+from hslite.preflight_check.price.costmodel import Prediction
 from hslite.recipe.auto_plan import choose_plan, explain, fewest_devices_near_best
 from hslite.recipe.build import config_for_plan, plan_from_config
 from hslite.recipe.config import load_config

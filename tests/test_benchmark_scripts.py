@@ -210,8 +210,8 @@ def test_published_models_count_their_published_flops() -> None:
 
     import torch
 
-    from hslite.preflight_check.step_counts import count_step
-    from hslite.preflight_check.training_step import CLASSIFIER_STEP
+    from hslite.preflight_check.measure.step_counts import count_step
+    from hslite.preflight_check.measure.training_step import CLASSIFIER_STEP
 
     spec = importlib.util.spec_from_file_location("published_models", ROOT / "benchmarks" / "published_models.py")
     assert spec is not None and spec.loader is not None
@@ -233,7 +233,7 @@ def test_published_models_count_their_published_flops() -> None:
 
 @pytest.mark.slow
 def test_whatif_vs_published_prices_each_row(tmp_path: Path) -> None:
-    from hslite.preflight_check.device_profile import CONV_EFFICIENCY, MEMORY_EFFICIENCY
+    from hslite.preflight_check.hardware.device_profile import CONV_EFFICIENCY, MEMORY_EFFICIENCY
 
     table = tmp_path / "rows.csv"
     table.write_text(

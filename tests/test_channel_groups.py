@@ -26,7 +26,7 @@ from hslite.models import get_model
 from hslite.parallel.channel_groups import ChannelGroups, check_divides
 from hslite.parallel.group_gradients import GroupGradients
 from hslite.parallel.rotation import RotationSchedule
-from hslite.preflight_check.activations import SavedTensorCounter
+from hslite.preflight_check.measure.activations import SavedTensorCounter
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
 

@@ -16,7 +16,7 @@ from hslite.errors import ConfigError
 from hslite.parallel.plan import Plan
 from hslite.parallel.usage import malloc_in_use_bytes
 from hslite.parallel.wire_format import wire_bytes
-from hslite.preflight_check.verdict import decide
+from hslite.preflight_check.decide.verdict import decide
 from hslite.recipe.build import build_model, plan_from_config, prepared_datamodule
 from hslite.recipe.config import list_recipes, load_config
 

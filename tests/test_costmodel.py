@@ -9,11 +9,12 @@ import pytest
 
 from hslite.parallel.plan import COMPRESSIONS, Plan
 from hslite.parallel.wire_format import compressed_bytes
-from hslite.preflight_check import costmodel as cm
-from hslite.preflight_check import formulas
-from hslite.preflight_check.device_profile import DEFAULT_LAUNCH_US
+from hslite.preflight_check.decide.check_plans import run_preflight
+from hslite.preflight_check.hardware.device_profile import DEFAULT_LAUNCH_US
+from hslite.preflight_check.measure import step_timing
 from hslite.preflight_check.measurements import LinkModel, ProbeResult
-from hslite.preflight_check.run import run_preflight
+from hslite.preflight_check.price import costmodel as cm
+from hslite.preflight_check.price import formulas
 
 GB = 1e9
 MB = 1e6
@@ -102,8 +103,8 @@ def test_ring_terms_of_p_star_are_the_ring_all_reduce():
 
 
 def test_fit_compute_model_recovers_line_and_clips_noise():
-    assert formulas.fit_compute_model([32, 64], [0.002 + 32e-4, 0.002 + 64e-4]) == pytest.approx((0.002, 1e-4))
-    assert formulas.fit_compute_model([32, 64], [0.01, 0.009]) == pytest.approx((0.0095, 0.0))
+    assert step_timing.fit_compute_model([32, 64], [0.002 + 32e-4, 0.002 + 64e-4]) == pytest.approx((0.002, 1e-4))
+    assert step_timing.fit_compute_model([32, 64], [0.01, 0.009]) == pytest.approx((0.0095, 0.0))
 
 
 def test_memory_accounting_sums_terms_and_scales_activations_with_batch():
@@ -188,7 +189,7 @@ def test_the_int8_hooks_launches_grow_with_the_ranks_as_its_kernel_count_and_van
     monkeypatch,
 ):
     from hslite.parallel.compression import int8_hook
-    from hslite.preflight_check.comm_cost import DDP_BUCKET_CAP_BYTES, int8_hook_seconds, int8_kernels_per_bucket
+    from hslite.preflight_check.price.comm_cost import DDP_BUCKET_CAP_BYTES, int8_hook_seconds, int8_kernels_per_bucket
 
     assert [int8_kernels_per_bucket(4096, n) for n in (2, 4, 8)] == [31, 35, 43]  # 27 + 2·N: 4096 splits evenly
     assert int8_kernels_per_bucket(10_000, 3) == 27 + 2 * 3 + 2  # 3 shards of 3334: padding zeroed, last shard cut
@@ -322,7 +323,7 @@ def _int8_hook_kernels(hook, elements: int, world: int, monkeypatch) -> int:
     ],
 )
 def test_every_plan_is_named_by_the_regime_that_bounds_it(link, regime):
-    from hslite.preflight_check.regime import LEVERS
+    from hslite.preflight_check.price.regime import LEVERS
 
     pred = cm.predict(gpu_plan(4), make_probe(), link, 80 * 2**30)
     assert pred.regime == regime

@@ -185,8 +185,8 @@ def test_a_dp2_chag2_rank_sends_the_bytes_the_preflight_predicts():
     # Measured: DDP's all-reduce of the shared parameters (ring formula), the band groups' own gradients summed over
     # their dp peers and the token exchange (both counted). Predicted from the model's footprint.
     from hslite.parallel.usage import RankUsage, usage_metrics
-    from hslite.preflight_check.comm_cost import chag_token_bytes, grad_bytes_per_step
-    from hslite.preflight_check.footprint import measure_footprint
+    from hslite.preflight_check.measure.footprint import measure_footprint
+    from hslite.preflight_check.price.comm_cost import chag_token_bytes, grad_bytes_per_step
 
     plan = Plan(devices=4, chag=2, batch_size=8)
     _, trainer = train(plan, epochs=1, callbacks=[RankUsage()], model_name="channel_vit")

@@ -12,7 +12,7 @@ from torch import nn
 
 from hslite.cli import main
 from hslite.errors import ConfigError
-from hslite.preflight_check.device_profile import (
+from hslite.preflight_check.hardware.device_profile import (
     CONV_EFFICIENCY,
     DEFAULT_LAUNCH_US,
     MATMUL_EFFICIENCY,
@@ -22,9 +22,9 @@ from hslite.preflight_check.device_profile import (
     list_devices,
     load_device,
 )
+from hslite.preflight_check.measure.step_counts import count_step
 from hslite.preflight_check.measurements import Footprint, ProbeResult, StepCounts
-from hslite.preflight_check.roofline import copy_added_seconds, profile_probe, roofline_seconds
-from hslite.preflight_check.step_counts import count_step
+from hslite.preflight_check.price.roofline import copy_added_seconds, profile_probe, roofline_seconds
 from hslite.recipe.config import load_config
 
 pytestmark = pytest.mark.timeout(300)
@@ -175,7 +175,7 @@ def test_a_batch_copy_hides_under_the_steps_issue_where_launches_bind_and_adds_w
 
 
 def test_the_launch_cost_is_the_devices_own_profiles_where_one_names_it(monkeypatch):
-    from hslite.preflight_check import device_profile
+    from hslite.preflight_check.hardware import device_profile
 
     launch_seconds_on.cache_clear()
     assert launch_seconds_on("cpu") == launch_seconds_on("cuda:0 (Unknown GPU)") == DEFAULT_LAUNCH_US * 1e-6
@@ -260,7 +260,7 @@ def _measured_probe(plan) -> ProbeResult:
 
 
 def test_gpus_that_are_here_are_measured_and_the_profile_is_not_used(capsys, monkeypatch):
-    from hslite.preflight_check.topology import load_topology
+    from hslite.preflight_check.hardware.topology import load_topology
     from hslite.recipe import gate
 
     probed = []

@@ -49,17 +49,18 @@ def test_the_scan_sees_lazy_and_type_only_imports(tmp_path):
 
 def test_datasets_and_models_depend_on_no_layer_above_them():
     edges = _import_graph().scan().unit_edges()
-    above = {
-        "hslite.parallel",
-        "hslite.preflight_check",
-        "hslite.recipe",
-        "hslite.run",
-        "hslite.comparison",
-        "hslite.task",
-    }
-    assert edges["hslite.datasets"] & above == set()
-    assert edges["hslite.models"] & above == set()
-    assert edges["hslite.task"] & above == set()
+    above = ("hslite.parallel", "hslite.preflight_check", "hslite.recipe", "hslite.run", "hslite.comparison")
+    above += ("hslite.task",)
+    for layer in ("hslite.datasets", "hslite.models", "hslite.task"):
+        assert {unit for unit in edges[layer] if unit.startswith(above)} == set(), layer
+
+
+def test_the_preflight_stages_import_only_the_stages_before_them():
+    edges = _import_graph().scan().unit_edges()
+    order = ["measure", "hardware", "price", "decide", "own_script"]
+    for i, stage in enumerate(order):
+        later = {f"hslite.preflight_check.{s}" for s in order[i + 1 :]}
+        assert edges[f"hslite.preflight_check.{stage}"] & later == set(), stage
 
 
 def test_the_top_floor_is_small():

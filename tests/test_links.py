@@ -9,9 +9,9 @@ import pytest
 
 from hslite.errors import ConfigError, HSLiteError
 from hslite.parallel.plan import Plan
-from hslite.preflight_check.links import fit_link, measure_links
+from hslite.preflight_check.hardware.links import fit_link, measure_links
+from hslite.preflight_check.hardware.topology import list_topologies, load_topology
 from hslite.preflight_check.measurements import LinkModel
-from hslite.preflight_check.topology import list_topologies, load_topology
 
 FIGURES = ("intra_gbps", "inter_gbps", "intra_latency_us", "inter_latency_us", "device_memory_gib")
 
@@ -99,7 +99,7 @@ def test_real_two_process_gloo_measurement_is_positive_and_cached(cache_dir, mon
     assert link.alpha_seconds > 0 and 0 < link.bandwidth_bytes_per_second < math.inf
     assert 0.0 <= link.overlap <= 1.0 and len(link.points) >= 4
     monkeypatch.setattr(
-        importlib.import_module("hslite.preflight_check.links").mp,
+        importlib.import_module("hslite.preflight_check.hardware.links").mp,
         "start_processes",
         lambda *a, **k: pytest.fail("a cache hit started ranks"),
     )

@@ -294,7 +294,9 @@ def test_the_preflight_of_a_launched_job_measures_its_links_inside_and_across_no
 def test_a_layout_the_calibrated_mapping_rule_refuses_is_refused_on_every_rank_before_training(tmp_path) -> None:
     # The team's calibration says per-layer traffic crosses no link with R ≥ 0.5: the measured R = 1 (one-rank
     # nodes, a flat network) refuses FSDP across the two nodes, and names the plan to run instead.
-    profile = (ROOT / "hslite/preflight_check/topologies/ib_hdr.yaml").read_text() + "max_cross_node_ratio: 0.5\n"
+    profile = (
+        ROOT / "hslite/preflight_check/hardware/topologies/ib_hdr.yaml"
+    ).read_text() + "max_cross_node_ratio: 0.5\n"
     (tmp_path / "calibrated.yaml").write_text(profile)
     agents = _torchrun_nodes(tmp_path, 2, 1, "preflight.enabled=true", "preflight.fresh=true", "parallel.fsdp=true",
                              f"preflight.topology={tmp_path / 'calibrated.yaml'}")  # fmt: skip

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from hslite.cache import write_cache
-from hslite.parallel.loop_cost import measure_step_overhead
 from hslite.parallel.plan import Plan
 from hslite.parallel.trainer_args import trainer_kwargs
+from hslite.preflight_check.measure.loop_cost import measure_step_overhead
 
 
 @pytest.fixture
@@ -46,7 +46,7 @@ def test_two_gloo_ranks_run_the_plans_own_ddp_loop_priced_net_of_their_bare_ddp_
 
 
 def test_a_record_from_before_the_bare_step_was_timed_is_measured_again(own_cache, monkeypatch):
-    from hslite.parallel import loop_cost
+    from hslite.preflight_check.measure import loop_cost
 
     key = loop_cost._cache_key(Plan(devices=2, batch_size=loop_cost.BATCH_SIZE), 4)
     write_cache("overhead", key, {"step_seconds": 0.009})  # it holds the ranks' meeting, counted twice
@@ -60,7 +60,7 @@ def test_a_record_from_before_the_bare_step_was_timed_is_measured_again(own_cach
 
 
 def test_the_ranks_loop_is_timed_with_the_plans_own_trainer(own_cache, monkeypatch):
-    from hslite.parallel import loop_cost
+    from hslite.preflight_check.measure import loop_cost
 
     trainers: list[dict] = []
 

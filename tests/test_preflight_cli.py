@@ -7,8 +7,8 @@ import pytest
 
 from hslite.cli import main
 from hslite.parallel.plan import Plan
+from hslite.preflight_check.decide.verdict import decide
 from hslite.preflight_check.measurements import LinkModel, ProbeResult
-from hslite.preflight_check.verdict import decide
 from hslite.recipe.config import load_config
 
 pytestmark = pytest.mark.timeout(300)
@@ -212,7 +212,7 @@ def test_the_better_plans_overrides_ask_fit_for_exactly_that_plan(plan):
 
 
 def test_no_measured_pair_when_the_guard_changed_the_plan_mid_run():
-    from hslite.preflight_check.costmodel import predict
+    from hslite.preflight_check.price.costmodel import predict
     from hslite.run.fit import _predicted_vs_measured
 
     plan = Plan(devices=2, compression="int8")

@@ -17,12 +17,12 @@ from torch import nn
 
 from hslite.parallel.cuda_math import current_cuda_math, restore_cuda_math, set_cuda_math
 from hslite.parallel.plan import Plan
-from hslite.preflight_check import probe as probe_module
-from hslite.preflight_check import timers
-from hslite.preflight_check.feature_costs import measure_fsdp_overhead
-from hslite.preflight_check.launcher_cuda import device_memory_bytes
+from hslite.preflight_check.decide.check_plans import run_preflight
+from hslite.preflight_check.hardware.launcher_cuda import device_memory_bytes
+from hslite.preflight_check.measure import probe as probe_module
+from hslite.preflight_check.measure import timers
+from hslite.preflight_check.measure.feature_costs import measure_fsdp_overhead
 from hslite.preflight_check.measurements import LinkModel, ProbeResult
-from hslite.preflight_check.run import run_preflight
 from hslite.recipe import gate
 
 GIB = 2**30
@@ -293,8 +293,8 @@ def test_16_mixed_gets_lightnings_loss_scaler_on_a_gpu_and_no_other_precision_or
 
 
 def test_a_scaled_step_scales_the_loss_unscales_steps_and_updates_and_trains_as_the_plain_step():
-    from hslite.preflight_check.step_timing import timed_step
-    from hslite.preflight_check.training_step import CLASSIFIER_STEP
+    from hslite.preflight_check.measure.step_timing import timed_step
+    from hslite.preflight_check.measure.training_step import CLASSIFIER_STEP
 
     cpu = torch.device("cpu")
     batch = (torch.randn(8, 4), torch.randint(0, 2, (8,)))
@@ -317,8 +317,8 @@ def test_a_scaled_step_scales_the_loss_unscales_steps_and_updates_and_trains_as_
 
 
 def test_on_a_gpu_each_batch_is_copied_as_lightning_copies_it_with_its_step_queued_right_behind(monkeypatch):
-    from hslite.preflight_check import step_timing
-    from hslite.preflight_check.training_step import CLASSIFIER_STEP
+    from hslite.preflight_check.measure import step_timing
+    from hslite.preflight_check.measure.training_step import CLASSIFIER_STEP
 
     events: list[str] = []
     steps: list[object] = []
@@ -359,7 +359,7 @@ def test_on_a_gpu_each_batch_is_copied_as_lightning_copies_it_with_its_step_queu
 
 
 def test_a_batch_whose_data_path_pins_is_page_locked_throughout_as_its_dataloader_hands_it_over(monkeypatch):
-    from hslite.preflight_check.step_timing import _as_loaded
+    from hslite.preflight_check.measure.step_timing import _as_loaded
 
     patches, labels = torch.randn(4, 3), torch.zeros(4, dtype=torch.long)
     pinned = {id(patches)}  # the datamodule gathers a GPU plan's patches into page-locked memory, not the labels

@@ -11,11 +11,11 @@ from torch import nn
 from hslite.errors import ConfigError
 from hslite.parallel.box import threads_per_process
 from hslite.parallel.plan import Plan
-from hslite.preflight_check import feature_costs, step_timing
-from hslite.preflight_check import probe as probe_module
+from hslite.preflight_check.measure import feature_costs, step_timing
+from hslite.preflight_check.measure import probe as probe_module
+from hslite.preflight_check.measure.probe import probe_model
+from hslite.preflight_check.measure.step_timing import TAIL_STEPS
 from hslite.preflight_check.measurements import ProbeResult
-from hslite.preflight_check.probe import probe_model
-from hslite.preflight_check.tail import TAIL_STEPS
 
 D, H, C = 16, 32, 5
 
@@ -188,8 +188,8 @@ def test_cpu_ranks_contention_is_measured_with_the_ranks_stepping_at_once():
 
 def test_fsdp_overhead_is_measured_on_a_one_rank_group_and_priced_per_micro_step():
     from hslite.models import get_model
-    from hslite.preflight_check import costmodel
     from hslite.preflight_check.measurements import LinkModel
+    from hslite.preflight_check.price import costmodel
 
     def factory() -> nn.Module:
         return get_model("cnn1d", in_bands=32, num_classes=4, patch_size=1)
@@ -242,8 +242,8 @@ def test_fsdp_overhead_is_the_sharded_steps_time_beyond_the_plain_steps(monkeypa
 @pytest.mark.slow
 def test_ddp_and_fsdp_are_timed_with_the_plans_ranks_stepping_together_and_priced_from_it():
     from hslite.models import get_model
-    from hslite.preflight_check import costmodel
     from hslite.preflight_check.measurements import LinkModel
+    from hslite.preflight_check.price import costmodel
 
     def factory() -> nn.Module:
         return get_model("cnn1d", in_bands=32, num_classes=4, patch_size=1)
@@ -273,8 +273,8 @@ def test_ddp_and_fsdp_are_timed_with_the_plans_ranks_stepping_together_and_price
 @pytest.mark.slow
 def test_channel_groups_are_timed_with_the_ranks_stepping_together_as_the_strategy_runs_them():
     from hslite.models import get_model
-    from hslite.preflight_check import costmodel
     from hslite.preflight_check.measurements import LinkModel
+    from hslite.preflight_check.price import costmodel
 
     def factory() -> nn.Module:
         return get_model("channel_vit", in_bands=32, num_classes=4, patch_size=3)

@@ -15,10 +15,10 @@ from torch import nn
 import hslite
 from hslite.errors import ConfigError
 from hslite.parallel.plan import Plan
-from hslite.preflight_check.lightning_step import lightning_workload
-from hslite.preflight_check.probe import probe_model
-from hslite.preflight_check.step_counts import count_step
-from hslite.script.check import plan_from, plan_of_trainer
+from hslite.preflight_check.measure.lightning_step import lightning_workload
+from hslite.preflight_check.measure.probe import probe_model
+from hslite.preflight_check.measure.step_counts import count_step
+from hslite.preflight_check.own_script.check import plan_from, plan_of_trainer
 from hslite.strategies import CompressedDDPStrategy
 
 STEP_SLEEP_SECONDS = 0.03
@@ -163,7 +163,7 @@ class PlainModule(SlowStepModule):
 
 
 def test_a_module_is_priced_on_a_gpu_that_is_not_here_from_its_profile(tmp_path, monkeypatch):
-    from hslite.preflight_check.device_profile import load_device
+    from hslite.preflight_check.hardware.device_profile import load_device
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     verdict = hslite.preflight(module=PlainModule(), sample_batch=dict_batch(rows=64),

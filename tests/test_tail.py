@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from hslite.preflight_check.tail import MIN_TAIL_SAMPLES, quantile, slowest_rank_quantile, tail_factor, tail_note
+from hslite.preflight_check.price.tail import MIN_TAIL_SAMPLES, quantile, slowest_rank_quantile, tail_factor, tail_note
 
 
 def test_the_quantile_is_the_median_of_the_slowest_of_n_ranks():
@@ -45,8 +45,8 @@ def test_the_wait_grows_with_ranks_and_shrinks_with_accumulated_micro_steps():
 def test_the_cost_model_prices_a_multi_rank_step_at_the_tail_and_one_device_at_the_median():
     from test_costmodel import gpu_plan, make_probe
 
-    from hslite.preflight_check.costmodel import predict
     from hslite.preflight_check.measurements import LinkModel
+    from hslite.preflight_check.price.costmodel import predict
 
     probe = make_probe()
     skewed = make_probe(step_seconds_samples=[0.010] * 16 + [0.020] * 4)

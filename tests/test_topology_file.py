@@ -8,8 +8,8 @@ import yaml
 from hslite.cli import main
 from hslite.errors import ConfigError
 from hslite.parallel.plan import Plan
-from hslite.preflight_check.candidates import candidate_plans
-from hslite.preflight_check.topology import load_topology
+from hslite.preflight_check.hardware.topology import load_topology
+from hslite.preflight_check.price.candidates import candidate_plans
 
 
 def test_the_measure_command_writes_a_profile_the_preflight_reads(tmp_path, capsys):

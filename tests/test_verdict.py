@@ -14,14 +14,14 @@ from torch import nn
 from hslite.errors import ConfigError
 from hslite.parallel.box import threads_per_process
 from hslite.parallel.plan import Plan
-from hslite.preflight_check.candidates import candidate_plans
-from hslite.preflight_check.costmodel import predict
-from hslite.preflight_check.links import measure_links_for
+from hslite.preflight_check.decide.check_plans import run_preflight
+from hslite.preflight_check.decide.verdict import IMPLAUSIBLE_CPU_EFFICIENCY, decide
+from hslite.preflight_check.hardware.links import measure_links_for
+from hslite.preflight_check.hardware.topology import load_topology
+from hslite.preflight_check.measure.probe import probe_for_plans, probe_model
 from hslite.preflight_check.measurements import LinkModel, ProbeResult
-from hslite.preflight_check.probe import probe_for_plans, probe_model
-from hslite.preflight_check.run import run_preflight
-from hslite.preflight_check.topology import load_topology
-from hslite.preflight_check.verdict import IMPLAUSIBLE_CPU_EFFICIENCY, decide
+from hslite.preflight_check.price.candidates import candidate_plans
+from hslite.preflight_check.price.costmodel import predict
 
 GIB = 2**30
 # What measure_links(4) returned for 4 gloo processes on this 2-core machine kind (alpha ~0.6 ms, ~1 GB/s).
@@ -343,7 +343,7 @@ def test_channel_group_candidates_divide_the_models_band_groups():
 
 
 def test_p_star_per_link_is_reported_beside_the_verdict(capsys):
-    from hslite.preflight_check.report import print_verdict
+    from hslite.preflight_check.decide.report import print_verdict
 
     requested = Plan(devices=8, accelerator="gpu", batch_size=64)
     verdict = run_preflight(requested, synthetic_probe, topology=load_topology("nvlink_8"))
@@ -399,7 +399,7 @@ def test_p_star_of_a_one_device_request_is_on_this_boxs_link_for_two():
 
 
 def test_p_star_on_this_box_takes_the_loop_its_plans_are_priced_with():
-    from hslite.preflight_check.formulas import critical_params, ring_allreduce_terms
+    from hslite.preflight_check.price.formulas import critical_params, ring_allreduce_terms
 
     link, requested = LinkModel(1e-4, 100e9), Plan(devices=2, accelerator="gpu", batch_size=64)
     free = run_preflight(requested, synthetic_probe, lambda plan: link, 80 * GIB, 0.5)

@@ -10,10 +10,10 @@ from rich.console import Console
 from torch import nn
 
 from hslite.parallel.plan import Plan
-from hslite.preflight_check.footprint import measure_footprint
-from hslite.preflight_check.run import price_absent_devices
-from hslite.preflight_check.topology import Topology, load_topology
-from hslite.preflight_check.whatif import predict_footprint
+from hslite.preflight_check.decide.check_plans import price_absent_devices
+from hslite.preflight_check.decide.whatif import predict_footprint
+from hslite.preflight_check.hardware.topology import Topology, load_topology
+from hslite.preflight_check.measure.footprint import measure_footprint
 
 GIB = 2**30
 
@@ -119,9 +119,9 @@ def _shipped(name: str):
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
 @pytest.mark.parametrize("name", SHIPPED)
 def test_sizes_counted_on_fake_tensors_equal_the_real_tensors(name, precision):
-    from hslite.preflight_check.footprint import model_sizes
-    from hslite.preflight_check.timers import autocast
-    from hslite.preflight_check.training_step import CLASSIFIER_STEP
+    from hslite.preflight_check.measure.footprint import model_sizes
+    from hslite.preflight_check.measure.timers import autocast
+    from hslite.preflight_check.measure.training_step import CLASSIFIER_STEP
 
     factory, cpu = _shipped(name), torch.device("cpu")
     footprint = measure_footprint(factory, _patches, batch_size=24, precision=precision)
@@ -143,9 +143,9 @@ def test_sizes_counted_on_fake_tensors_equal_the_real_tensors(name, precision):
 def test_flops_and_kernels_counted_on_fake_tensors_equal_the_real_tensors(name, precision):
     from torch.utils.flop_counter import FlopCounterMode
 
-    from hslite.preflight_check.step_counts import COUNT_BATCHES, KernelCounter, count_step
-    from hslite.preflight_check.timers import autocast
-    from hslite.preflight_check.training_step import CLASSIFIER_STEP
+    from hslite.preflight_check.measure.step_counts import COUNT_BATCHES, KernelCounter, count_step
+    from hslite.preflight_check.measure.timers import autocast
+    from hslite.preflight_check.measure.training_step import CLASSIFIER_STEP
 
     counts = count_step(_shipped(name), _patches, precision=precision)
     torch.manual_seed(0)
@@ -174,7 +174,7 @@ def test_flops_and_kernels_counted_on_fake_tensors_equal_the_real_tensors(name, 
 
 
 def test_a_model_larger_than_this_box_is_counted_without_allocating_it():
-    from hslite.preflight_check.step_counts import count_step
+    from hslite.preflight_check.measure.step_counts import count_step
 
     def huge() -> nn.Module:  # 10^10 parameters: 40 GB as float32, 160 GB with AdamW, more than CI's 24 GiB
         return nn.Sequential(nn.Linear(100_000, 100_000), nn.Linear(100_000, 10))
@@ -193,7 +193,7 @@ def test_a_model_larger_than_this_box_is_counted_without_allocating_it():
 def test_the_per_group_share_of_flops_is_that_of_encode_group_whatever_its_submodules():
     from torch.utils.flop_counter import FlopCounterMode
 
-    from hslite.preflight_check.step_counts import COUNT_BATCHES, count_step
+    from hslite.preflight_check.measure.step_counts import COUNT_BATCHES, count_step
 
     factory = _shipped("channel_vit")
     counts = count_step(factory, _patches, precision="32-true", band_groups=True)

@@ -26,9 +26,11 @@ class Layout:
     edges: dict[str, set[str]]
 
     def unit(self, module: str) -> str:
-        """The package a module belongs to: ``hslite.X`` for a subpackage or a top-level module."""
+        """The package a module belongs to: ``hslite.X`` for a subpackage or a top-level module, and ``hslite.X.Y``
+        inside a package of stages (``hslite.preflight_check.measure``), so the stages' order is checked too."""
         parts = module.split(".")
-        return ".".join(parts[:2])
+        depth = 3 if len(parts) >= 4 or (len(parts) == 3 and self.files[module].name == "__init__.py") else 2
+        return ".".join(parts[:depth])
 
     def unit_edges(self) -> dict[str, set[str]]:
         """Edges between packages (a package importing itself is not an edge)."""
@@ -122,7 +124,7 @@ def report(layout: Layout) -> list[str]:
     lines = ["packages (imports of any kind, lazy and type-only included):"]
     for unit, targets in sorted(layout.unit_edges().items()):
         short = sorted(t.removeprefix("hslite.") for t in targets)
-        lines.append(f"  {unit.removeprefix('hslite.'):<12} -> {', '.join(short) or '(nothing of hslite)'}")
+        lines.append(f"  {unit.removeprefix('hslite.'):<26} -> {', '.join(short) or '(nothing of hslite)'}")
     file_cycles = cycles(layout.edges)
     package_cycles = cycles(layout.unit_edges())
     lines.append(f"file cycles: {len(file_cycles)}")

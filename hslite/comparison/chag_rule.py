@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hslite.parallel.plan import Plan
-from hslite.preflight_check.chag_benefit import CHAG_ADOPT_GAIN, dp_counterparts
+from hslite.preflight_check.price.chag_benefit import CHAG_ADOPT_GAIN, dp_counterparts
 
 if TYPE_CHECKING:
     from hslite.comparison.rows import CompareRow

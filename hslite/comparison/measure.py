@@ -40,7 +40,7 @@ from hslite.comparison.report import write_reports
 from hslite.comparison.rows import REFERENCE_SUFFIX, CompareOptions, CompareRow, check_labels
 from hslite.errors import ConfigError, HSLiteError
 from hslite.parallel.plan import Plan
-from hslite.preflight_check.candidates import candidate_plans
+from hslite.preflight_check.price.candidates import candidate_plans
 from hslite.recipe.config import load_config
 from hslite.recipe.schema import Config, ParallelConfig
 from hslite.run.folder import RunFolder

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
-from hslite.preflight_check.verdict import gib
+from hslite.preflight_check.decide.verdict import gib
 from hslite.run.outputs import write_json
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ from hslite.errors import ConfigError
 from hslite.parallel.box import check_visible, startable_devices
 from hslite.parallel.plan import Plan
 from hslite.parallel.rank_setup import quiet_lightning
-from hslite.preflight_check.verdict import CLEARLY_FASTER, PreflightRefused, Verdict, decide, gib
+from hslite.preflight_check.decide.verdict import CLEARLY_FASTER, PreflightRefused, Verdict, decide, gib
 from hslite.recipe.build import (
     band_groups_for,
     build_task,

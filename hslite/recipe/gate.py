@@ -20,17 +20,17 @@ from hslite.errors import ConfigError
 from hslite.parallel.box import visible_devices
 from hslite.parallel.plan import Plan
 from hslite.parallel.rank_setup import quiet_lightning
-from hslite.preflight_check.device_profile import DeviceProfile, list_devices, load_device
-from hslite.preflight_check.fake_tensors import fake_mode
-from hslite.preflight_check.launcher_cuda import device_memory_bytes, forked_cuda_devices
-from hslite.preflight_check.links import measure_links_for
+from hslite.preflight_check.decide.check_plans import price_absent_devices, price_from_profile, run_preflight
+from hslite.preflight_check.decide.verdict import PreflightUndecided, Verdict
+from hslite.preflight_check.hardware.device_profile import DeviceProfile, list_devices, load_device
+from hslite.preflight_check.hardware.launcher_cuda import device_memory_bytes, forked_cuda_devices
+from hslite.preflight_check.hardware.links import measure_links_for
+from hslite.preflight_check.hardware.topology import Topology, list_topologies, load_topology
+from hslite.preflight_check.measure.fake_tensors import fake_mode
+from hslite.preflight_check.measure.probe import probe_for_plans
+from hslite.preflight_check.measure.step_counts import count_step
+from hslite.preflight_check.measure.timers import wall_seconds
 from hslite.preflight_check.measurements import StepCounts
-from hslite.preflight_check.probe import probe_for_plans
-from hslite.preflight_check.run import price_absent_devices, price_from_profile, run_preflight
-from hslite.preflight_check.step_counts import count_step
-from hslite.preflight_check.timers import wall_seconds
-from hslite.preflight_check.topology import Topology, list_topologies, load_topology
-from hslite.preflight_check.verdict import PreflightUndecided, Verdict
 from hslite.recipe.build import build_model, checked_rotation, plan_from_config, prepared_datamodule
 from hslite.recipe.recipe_parts import RecipeParts
 from hslite.recipe.schema import Config

@@ -18,12 +18,12 @@ from torch import Tensor, nn
 from hslite.datasets.datamodule import HSIDataModule
 from hslite.datasets.patches import PatchDataset
 from hslite.models import architecture_digest, has_band_groups
-from hslite.parallel.loop_cost import measure_step_overhead, measure_step_overhead_apart
 from hslite.parallel.plan import Plan
-from hslite.preflight_check.fake_tensors import fake_mode
-from hslite.preflight_check.footprint import measure_footprint
+from hslite.preflight_check.hardware.topology import Topology
+from hslite.preflight_check.measure.fake_tensors import fake_mode
+from hslite.preflight_check.measure.footprint import measure_footprint
+from hslite.preflight_check.measure.loop_cost import measure_step_overhead, measure_step_overhead_apart
 from hslite.preflight_check.measurements import Footprint
-from hslite.preflight_check.topology import Topology
 from hslite.recipe.build import build_model
 from hslite.recipe.schema import Config
 

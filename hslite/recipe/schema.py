@@ -161,9 +161,9 @@ class PreflightConfig:
     min_efficiency: float = ranged(0.5, Interval(0, 1, lo_open=True))  # GO needs ECD(N)/ECD(1) ≥ this (0.5: r ≤ 1)
     # topology profile to price devices that are not visible: a bundled name or a .yaml path; None means measure
     topology: str | None = None
-    # GPU profile (`hslite/preflight_check/devices/`) whose roofline prices the compute of GPUs that are not here, so
-    # that a box you are about to buy gets a GO/NO-GO and not only links and memory; None means undecided there. GPUs
-    # that are here are measured instead.
+    # GPU profile (`hslite/preflight_check/hardware/devices/`) whose roofline prices the compute of GPUs that are not
+    # here, so that a box you are about to buy gets a GO/NO-GO and not only links and memory; None means undecided
+    # there. GPUs that are here are measured instead.
     device: str | None = None
     # one efficiency for every kind of kernel (matmuls, convolutions, memory traffic); 0: the profile's own
     device_efficiency: float = ranged(0.0, Interval(0, 0), Interval(0, 1, lo_open=True))

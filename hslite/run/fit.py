@@ -31,8 +31,8 @@ from hslite.parallel.rank_watch import RankActivity, watched_ranks
 from hslite.parallel.timing import TrainThroughput
 from hslite.parallel.trainer_args import process_group_backend, trainer_kwargs
 from hslite.parallel.usage import RankUsage
-from hslite.preflight_check.topology import Topology, max_cross_node_ratio
-from hslite.preflight_check.verdict import Verdict
+from hslite.preflight_check.decide.verdict import Verdict
+from hslite.preflight_check.hardware.topology import Topology, max_cross_node_ratio
 from hslite.recipe.build import build_task, deadlines_from_config, plan_from_config, prepared_datamodule
 from hslite.recipe.config import to_yaml
 from hslite.recipe.schema import Config
@@ -71,8 +71,8 @@ def _gate(cfg: Config, plan: Plan, datamodule: HSIDataModule, measured: Topology
     """
     if not cfg.preflight.enabled:
         return None
-    from hslite.preflight_check.report import print_verdict
-    from hslite.preflight_check.verdict import PreflightRefused
+    from hslite.preflight_check.decide.report import print_verdict
+    from hslite.preflight_check.decide.verdict import PreflightRefused
     from hslite.recipe.gate import preflight_check
 
     verdict = preflight_check(cfg, plan, datamodule, single_device_only=plan.world_size == 1, topology=measured)

@@ -19,10 +19,10 @@ from typing import Any
 import lightning.pytorch as pl
 
 from hslite.parallel.launched import LaunchedJob
-from hslite.parallel.loop_cost import measure_step_overhead
 from hslite.parallel.plan import Plan
-from hslite.preflight_check.job_links import job_mesh, measure_job_topology
-from hslite.preflight_check.topology import Topology
+from hslite.preflight_check.hardware.job_links import job_mesh, measure_job_topology
+from hslite.preflight_check.hardware.topology import Topology
+from hslite.preflight_check.measure.loop_cost import measure_step_overhead
 from hslite.run.folder import RunFolder
 from hslite.task import HSIClassifier
 

@@ -1,0 +1,1 @@
+"""The devices and the links between them: measured on this box, or stated in a bundled or own profile."""
