@@ -97,7 +97,7 @@ def _crash_at_epoch(epoch: int) -> Iterator[None]:
 
 def check_int8(ctx: Context) -> None:
     """(b) The int8 hook's quantise, pack and dequantise on the device against the CPU's: what one rank can check."""
-    from hslite.parallel.compression import _pack, _quantise, _scales
+    from hslite.parallel.compression.hook import _pack, _quantise, _scales
 
     chunks, chunk = 64, 2048
     generator = torch.Generator().manual_seed(0)
@@ -186,7 +186,7 @@ class StrategyProbe(pl.Callback):
 
 def _fit_with(ctx: Context, cfg: Config, precision: str, strategy: Any) -> dict[str, float]:
     """A short Lightning fit of the recipe's task with `strategy` on one device; the callback metrics."""
-    from hslite.parallel.trainer_args import trainer_kwargs
+    from hslite.parallel.trainer.trainer_args import trainer_kwargs
     from hslite.recipe.build import build_task, plan_from_config, prepared_datamodule
 
     plan = plan_from_config(cfg)
@@ -214,9 +214,9 @@ def _fit_with(ctx: Context, cfg: Config, precision: str, strategy: Any) -> dict[
 def check_strategies(ctx: Context) -> None:
     """(b) hslite's int8-compressed DDP and FSDP2 strategies, built as fit builds them, at world size 1."""
 
-    from hslite.parallel.fsdp import ShardedStrategy
-    from hslite.parallel.strategies import CompressedDDPStrategy
-    from hslite.parallel.trainer_args import process_group_backend
+    from hslite.parallel.strategies.ddp import CompressedDDPStrategy
+    from hslite.parallel.strategies.fsdp import ShardedStrategy
+    from hslite.parallel.trainer.trainer_args import process_group_backend
 
     backend = process_group_backend(ctx.accelerator)
     cfg = load_config("quickstart", [*_quick(ctx), "preflight.enabled=false"])

@@ -238,7 +238,7 @@ def check_collectives(ctx: Context) -> None:
 
 def check_bound_group(ctx: Context) -> None:
     """(a) One rank's group as Lightning makes it on a GPU, bound to cuda:0: its fences, then its collectives."""
-    from hslite.parallel.trainer_args import process_group_backend
+    from hslite.parallel.trainer.trainer_args import process_group_backend
 
     bound = {}
     if ctx.cuda:
@@ -274,8 +274,8 @@ def _gloo_all_reduce(rank: int, device: torch.device) -> str:
 def _int8_hook(rank: int, device: torch.device) -> str:
     from torch.nn.parallel import DistributedDataParallel
 
-    from hslite.parallel.compression import dispatch_hook
-    from hslite.parallel.compression_state import CompressionState
+    from hslite.parallel.compression.hook import dispatch_hook
+    from hslite.parallel.compression.state import CompressionState
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 10)).to(device)
@@ -305,7 +305,7 @@ def _int8_hook(rank: int, device: torch.device) -> str:
 
 def _token_exchange(rank: int, device: torch.device) -> str:
     from hslite.models import get_model
-    from hslite.parallel.channel_groups import ChannelGroups
+    from hslite.parallel.channels.channel_groups import ChannelGroups
 
     torch.manual_seed(0)
     bands = 32

@@ -24,8 +24,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from hslite.parallel.compression import bf16_hook, int8_hook
-from hslite.parallel.compression_state import CompressionState
+from hslite.parallel.compression.hook import bf16_hook, int8_hook
+from hslite.parallel.compression.state import CompressionState
 from hslite.parallel.wire_format import compressed_bytes, wire_bytes
 
 MB = 2**20

@@ -36,7 +36,7 @@ def _rank(rank: int, world: int, init_file: str, model_kwargs: dict, batch: tupl
     from torch.distributed.device_mesh import init_device_mesh
 
     from hslite.models import get_model
-    from hslite.parallel.channel_groups import ChannelGroups
+    from hslite.parallel.channels.channel_groups import ChannelGroups
     from hslite.preflight_check.measure.activations import SavedTensorCounter
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,

@@ -19,14 +19,14 @@
 - `ShardedStrategy(world_size, precision, backend, deadlines=Deadlines())`: FSDP2 (`fully_shard`) over every rank, on
   CPU (gloo) and GPU (NCCL), spawned, with full-state checkpoints that load on any world size. Your LightningModule
   shards its network in `configure_model`: `self.trainer.strategy.shard(self.net)`; the units gathered one at a time
-  are the submodules the network's class names in `FSDP_UNITS` (`hslite.parallel.fsdp_policy`).
+  are the submodules the network's class names in `FSDP_UNITS` (`hslite.parallel.strategies.fsdp_policy`).
 
 Channel groups and channel-subset rotation split a band-group model inside hslite's own task; from your own model,
 use them through the recipes (`hslite.fit(..., model=YourModel)`, `parallel.chag=`, `parallel.rotation_groups=`).
 """
 
 from hslite.parallel.deadlines import Deadlines
-from hslite.parallel.fsdp import ShardedStrategy
-from hslite.parallel.strategies import CompressedDDPStrategy, FencedDDPStrategy
+from hslite.parallel.strategies.ddp import CompressedDDPStrategy, FencedDDPStrategy
+from hslite.parallel.strategies.fsdp import ShardedStrategy
 
 __all__ = ["CompressedDDPStrategy", "Deadlines", "FencedDDPStrategy", "ShardedStrategy"]

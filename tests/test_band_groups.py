@@ -5,7 +5,7 @@ import pytest
 
 from hslite.errors import ModelError
 from hslite.models.band_groups import SPECTRAL_REGIONS_NM, contiguous_band_groups, spectral_band_groups
-from hslite.parallel.group_owners import rank_groups
+from hslite.parallel.channels.group_owners import rank_groups
 
 # 4 VIS, 3 NIR, 2 SWIR-1 and 1 SWIR-2 bands: unequal region sizes, so allocation and merging are both exercised.
 TEN_BANDS_NM = [420, 500, 580, 660, 750, 900, 1100, 1500, 1700, 2200]

@@ -16,7 +16,7 @@ from quick_fit import NO_PREFLIGHT, QUICK_FIT
 import hslite
 import hslite.process.allocator as allocator
 from hslite.parallel.cuda_math import set_cuda_math
-from hslite.parallel.rank_setup import quiet_lightning
+from hslite.parallel.ranks.rank_setup import quiet_lightning
 from hslite.process.caller_state import QUIETED_LOGGERS, caller_state_kept
 
 
@@ -98,7 +98,7 @@ def test_hslite_fit_leaves_the_callers_process_as_it_found_it(a_callers_state, t
 
 @pytest.mark.parametrize("spawned", [True, False])
 def test_only_ranks_hslite_spawned_set_the_allocator(spawned, monkeypatch):
-    from hslite.parallel import rank_setup
+    from hslite.parallel.ranks import rank_setup
 
     calls = []
     monkeypatch.setattr(rank_setup, "keep_freed_memory", lambda: calls.append(1))

@@ -23,9 +23,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from hslite.errors import ConfigError
 from hslite.models import get_model
-from hslite.parallel.channel_groups import ChannelGroups, check_divides
-from hslite.parallel.group_gradients import GroupGradients
-from hslite.parallel.rotation import RotationSchedule
+from hslite.parallel.channels.channel_groups import ChannelGroups, check_divides
+from hslite.parallel.channels.group_gradients import GroupGradients
+from hslite.parallel.channels.rotation import RotationSchedule
 from hslite.preflight_check.measure.activations import SavedTensorCounter
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
@@ -264,7 +264,7 @@ def test_an_fp16_overflow_in_one_ranks_groups_makes_every_rank_skip_the_step(tmp
 def test_channel_groups_refuse_gradient_norm_clipping():
     from types import SimpleNamespace
 
-    from hslite.parallel.channel_groups import ChannelGroupDDPStrategy
+    from hslite.parallel.channels.channel_groups import ChannelGroupDDPStrategy
 
     trainer = SimpleNamespace(
         gradient_clip_val=1.0, gradient_clip_algorithm="norm", lightning_module=SimpleNamespace(model=_model())

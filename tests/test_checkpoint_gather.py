@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from lightning.fabric.plugins.environments import LightningEnvironment
 
-from hslite.parallel.strategies import CHECKPOINT_KEY, CompressedDDPStrategy
+from hslite.parallel.strategies.ddp import CHECKPOINT_KEY, CompressedDDPStrategy
 from hslite.run.checkpoints import read_checkpoint
 from hslite.run.training_state import CHECKPOINT_KEY as STATE_KEY
 from hslite.run.training_state import TrainingState

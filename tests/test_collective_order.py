@@ -16,12 +16,12 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from test_ddp import FixedData
 
 from hslite.models import get_model
+from hslite.parallel.channels.rotation import RotationSchedule
 from hslite.parallel.deadlines import Deadlines
 from hslite.parallel.plan import Plan
-from hslite.parallel.rotation import RotationSchedule
 from hslite.parallel.timing import TrainThroughput
-from hslite.parallel.trainer_args import process_group_backend, trainer_kwargs
-from hslite.parallel.usage import RankUsage
+from hslite.parallel.trainer.trainer_args import process_group_backend, trainer_kwargs
+from hslite.parallel.trainer.usage import RankUsage
 from hslite.run.training_state import TrainingState
 from hslite.task import HSIClassifier
 
@@ -67,9 +67,9 @@ OPTIONS = {"start_method": "spawn", "process_group_backend": "gloo", "deadlines"
 
 
 def _strategy(kind: str):
-    from hslite.parallel.channel_groups import ChannelGroupCompressedDDPStrategy, ChannelGroupDDPStrategy
-    from hslite.parallel.fsdp import ShardedStrategy
-    from hslite.parallel.strategies import CompressedDDPStrategy
+    from hslite.parallel.channels.channel_groups import ChannelGroupCompressedDDPStrategy, ChannelGroupDDPStrategy
+    from hslite.parallel.strategies.ddp import CompressedDDPStrategy
+    from hslite.parallel.strategies.fsdp import ShardedStrategy
 
     return {
         "ddp": lambda: None,  # the Plan's own

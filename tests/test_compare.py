@@ -14,7 +14,7 @@ from hslite.comparison.report import median_abs_error, summary_line
 from hslite.comparison.rows import CompareOptions, CompareRow, RowSpec, parse_options
 from hslite.errors import ConfigError
 from hslite.parallel.plan import Plan
-from hslite.parallel.usage import malloc_in_use_bytes
+from hslite.parallel.trainer.usage import malloc_in_use_bytes
 from hslite.parallel.wire_format import wire_bytes
 from hslite.preflight_check.decide.verdict import decide
 from hslite.recipe.build import build_model, plan_from_config, prepared_datamodule

@@ -18,11 +18,11 @@ from _dist_scripts._ranks import FakeBucket
 from torch import nn
 
 from hslite.errors import ConfigError
-from hslite.parallel.compression import (
+from hslite.parallel.compression.hook import (
     _clock,
     int8_hook,
 )
-from hslite.parallel.compression_state import CompressionState
+from hslite.parallel.compression.state import CompressionState
 from hslite.parallel.wire_format import shard_layout, wire_bytes
 
 SCRIPTS = Path(__file__).parent / "_dist_scripts"

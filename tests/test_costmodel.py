@@ -188,7 +188,7 @@ def test_compressed_allreduce_prices_less_wire_plus_quantise_time():
 def test_the_int8_hooks_launches_grow_with_the_ranks_as_its_kernel_count_and_vanish_when_launches_are_free(
     monkeypatch,
 ):
-    from hslite.parallel.compression import int8_hook
+    from hslite.parallel.compression.hook import int8_hook
     from hslite.preflight_check.price.comm_cost import DDP_BUCKET_CAP_BYTES, int8_hook_seconds, int8_kernels_per_bucket
 
     assert [int8_kernels_per_bucket(4096, n) for n in (2, 4, 8)] == [31, 35, 43]  # 27 + 2·N: 4096 splits evenly
@@ -282,7 +282,7 @@ def _int8_hook_kernels(hook, elements: int, world: int, monkeypatch) -> int:
     from _dist_scripts._ranks import FakeBucket
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from hslite.parallel.compression_state import CompressionState
+    from hslite.parallel.compression.state import CompressionState
 
     class Launches(TorchDispatchMode):
         count = 0

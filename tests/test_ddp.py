@@ -11,9 +11,9 @@ from torch.utils.data import DataLoader, DistributedSampler
 from hslite.datasets.patches import PatchDataset, collate_patches
 from hslite.datasets.scenes import load_scene
 from hslite.models import get_model
+from hslite.parallel.channels.rotation import RotationSchedule
 from hslite.parallel.plan import Plan
-from hslite.parallel.rotation import RotationSchedule
-from hslite.parallel.trainer_args import trainer_kwargs
+from hslite.parallel.trainer.trainer_args import trainer_kwargs
 from hslite.task import HSIClassifier
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
@@ -142,7 +142,7 @@ def test_channel_groups_with_a_compressed_all_reduce_register_the_hook_and_track
 
 def test_accumulation_skips_the_all_reduce_on_non_final_micro_steps():
     # 96 samples / (2 ranks × 8) = 6 micro-batches per epoch per rank; accumulate 3 -> 2 syncs per epoch.
-    from hslite.parallel.strategies import CompressedDDPStrategy
+    from hslite.parallel.strategies.ddp import CompressedDDPStrategy
 
     counting = CompressedDDPStrategy("none", start_method="spawn", process_group_backend="gloo")  # fp32, counted
     _, trainer = train(Plan(devices=2, batch_size=8, accumulate=3), callbacks=[CountSyncs()], strategy=counting)
@@ -184,7 +184,7 @@ def test_the_progress_bar_on_rank_zero_does_not_deadlock_the_epoch_end_metrics()
 def test_a_dp2_chag2_rank_sends_the_bytes_the_preflight_predicts():
     # Measured: DDP's all-reduce of the shared parameters (ring formula), the band groups' own gradients summed over
     # their dp peers and the token exchange (both counted). Predicted from the model's footprint.
-    from hslite.parallel.usage import RankUsage, usage_metrics
+    from hslite.parallel.trainer.usage import RankUsage, usage_metrics
     from hslite.preflight_check.measure.footprint import measure_footprint
     from hslite.preflight_check.price.comm_cost import chag_token_bytes, grad_bytes_per_step
 

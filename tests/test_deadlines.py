@@ -21,7 +21,7 @@ from lightning.fabric.utilities.distributed import _sync_ddp
 
 from hslite.parallel.deadlines import Deadlines, fence, fence_group
 from hslite.parallel.host_reduce import max_over_ranks
-from hslite.parallel.stall_watch import Heartbeat, StallWatch, beat_path, same_job_here, stalled_path
+from hslite.parallel.ranks.stall_watch import Heartbeat, StallWatch, beat_path, same_job_here, stalled_path
 from hslite.recipe.config import load_config
 from hslite.recipe.schema import valid_keys
 
@@ -143,7 +143,7 @@ def test_a_launched_rank_ends_only_ranks_of_its_own_job_on_its_own_machine(tmp_p
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env={**job, "MASTER_PORT": "1"})
     try:
         me = subprocess.run(
-            [sys.executable, "-c", f"from hslite.parallel.stall_watch import same_job_here as s; import socket; "
+            [sys.executable, "-c", f"from hslite.parallel.ranks.stall_watch import same_job_here as s; import socket; "
              f"h = socket.gethostname(); print(s({ours.pid}, h), s({other.pid}, h), s({ours.pid}, 'elsewhere'))"],
             env=job, capture_output=True, text=True, check=True,
         ).stdout.split()  # fmt: skip

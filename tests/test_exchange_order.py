@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hslite.parallel.exchange_order import ExchangeOrder, ordered_hook
+from hslite.parallel.channels.exchange_order import ExchangeOrder, ordered_hook
 
 
 class Bucket:

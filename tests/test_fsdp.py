@@ -12,9 +12,9 @@ import torch
 from test_ddp import SAMPLES, FixedData, fixed_dataset, train
 
 from hslite.models import get_model, list_models
-from hslite.parallel.fsdp_policy import gathered_param_bytes, units
 from hslite.parallel.plan import Plan
-from hslite.parallel.trainer_args import trainer_kwargs
+from hslite.parallel.strategies.fsdp_policy import gathered_param_bytes, units
+from hslite.parallel.trainer.trainer_args import trainer_kwargs
 from hslite.run.checkpoints import AtomicCheckpointIO, load_weights
 from hslite.task import HSIClassifier
 

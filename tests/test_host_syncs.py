@@ -24,10 +24,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from hslite.datasets.datamodule import HSIDataModule
 from hslite.models import get_model
 from hslite.parallel.plan import Plan
-from hslite.parallel.rank_watch import RankActivity
+from hslite.parallel.ranks.rank_watch import RankActivity
 from hslite.parallel.timing import TrainThroughput
-from hslite.parallel.trainer_args import trainer_kwargs
-from hslite.parallel.usage import RankUsage
+from hslite.parallel.trainer.trainer_args import trainer_kwargs
+from hslite.parallel.trainer.usage import RankUsage
 from hslite.task import HSIClassifier
 
 aten = torch.ops.aten

@@ -9,7 +9,7 @@ import torch
 
 from hslite.cache import write_cache
 from hslite.parallel.plan import Plan
-from hslite.parallel.trainer_args import trainer_kwargs
+from hslite.parallel.trainer.trainer_args import trainer_kwargs
 from hslite.preflight_check.measure.loop_cost import measure_step_overhead
 
 

@@ -5,7 +5,7 @@ Fake events stand for CUDA ones (no GPU here): each knows its elapsed millisecon
 
 from __future__ import annotations
 
-from hslite.parallel.compression_state import PENDING_EVENT_PAIRS, CompressionState
+from hslite.parallel.compression.state import PENDING_EVENT_PAIRS, CompressionState
 
 
 class FakeEvent:

@@ -7,7 +7,7 @@ import os
 
 import torch
 
-from hslite.parallel.rank_setup import CUBLAS_WORKSPACE, set_deterministic
+from hslite.parallel.ranks.rank_setup import CUBLAS_WORKSPACE, set_deterministic
 from hslite.recipe.build import plan_from_config
 from hslite.recipe.config import load_config
 

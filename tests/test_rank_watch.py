@@ -20,8 +20,8 @@ from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 from hslite.models import get_model
 from hslite.parallel.deadlines import Deadlines
 from hslite.parallel.plan import Plan
-from hslite.parallel.rank_watch import launched_failure, rank_failure
-from hslite.parallel.trainer_args import trainer_kwargs
+from hslite.parallel.ranks.rank_watch import launched_failure, rank_failure
+from hslite.parallel.trainer.trainer_args import trainer_kwargs
 from hslite.task import HSIClassifier
 
 WATCHDOG_LINE = (

@@ -139,7 +139,9 @@ def test_wheel_holds_every_module_and_finds_recipes_by_name(tmp_path):
     for data in ("topologies", "devices"):
         folder = source / "hslite" / "preflight_check" / "hardware" / data
         expected |= {f"hslite/preflight_check/hardware/{data}/{p.name}" for p in folder.glob("*.yaml")}
-    assert any("preflight_check/hardware/devices/" in name for name in expected)  # the data folders were found, not skipped
+    assert any(
+        "preflight_check/hardware/devices/" in name for name in expected
+    )  # the data folders were found, not skipped
     assert sorted(expected - shipped) == []
     if shutil.which("cc"):  # the patch gather's C kernel, compiled for the wheel (it is optional without a compiler)
         assert any(name.startswith("hslite/datasets/_patchgather.") for name in shipped - expected)

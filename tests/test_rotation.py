@@ -12,8 +12,8 @@ from torch import nn
 from hslite.errors import ConfigError
 from hslite.models import get_model
 from hslite.models.band_groups import contiguous_band_groups
-from hslite.parallel.group_owners import rank_groups
-from hslite.parallel.rotation import RotationSchedule, check_rotation
+from hslite.parallel.channels.group_owners import rank_groups
+from hslite.parallel.channels.rotation import RotationSchedule, check_rotation
 
 
 def _schedule(groups: int, active: int, seed: int = 0, chag: int = 1) -> RotationSchedule:

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from hslite.errors import ConfigError
-from hslite.parallel.compression_guard import CompressionGuard
-from hslite.parallel.strategies import CompressedDDPStrategy
+from hslite.parallel.compression.guard import CompressionGuard
+from hslite.parallel.strategies.ddp import CompressedDDPStrategy
 
 SCRIPTS = Path(__file__).parent / "_dist_scripts"
 
@@ -148,7 +148,7 @@ def test_strategy_stores_and_switches_without_a_process_group():
 
 
 def test_the_kind_a_relaxed_run_ended_with_is_read_back_from_its_logged_level():
-    from hslite.parallel.compression_guard import kind_at_level
+    from hslite.parallel.compression.guard import kind_at_level
 
     assert kind_at_level("int8", 8) == "int8"
     assert kind_at_level("int8", 16) == "bf16" and kind_at_level("int8", 32) == "none"
@@ -161,8 +161,8 @@ EXITING_RANK = """
 import atexit
 import torch
 import torch.distributed as dist
-import hslite.parallel.strategies as strategies
-from hslite.parallel.fsdp import ShardedStrategy
+import hslite.parallel.strategies.ddp as strategies
+from hslite.parallel.strategies.fsdp import ShardedStrategy
 
 # registered first, so it runs last: what the interpreter's finalization will find
 atexit.register(lambda: print("group alive at finalization:", dist.is_initialized(), flush=True))

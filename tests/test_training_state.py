@@ -15,8 +15,8 @@ from test_ddp import FixedData
 from hslite.models import get_model
 from hslite.parallel.deadlines import Deadlines
 from hslite.parallel.plan import Plan
-from hslite.parallel.strategies import CHECKPOINT_KEY, CompressedDDPStrategy
-from hslite.parallel.trainer_args import process_group_backend, trainer_kwargs
+from hslite.parallel.strategies.ddp import CHECKPOINT_KEY, CompressedDDPStrategy
+from hslite.parallel.trainer.trainer_args import process_group_backend, trainer_kwargs
 from hslite.run.checkpoints import LastCheckpoint, read_checkpoint
 from hslite.run.training_state import TrainingState
 from hslite.task import HSIClassifier

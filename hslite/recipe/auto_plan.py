@@ -21,7 +21,7 @@ from torch import nn
 from hslite.errors import ConfigError
 from hslite.parallel.box import check_visible, startable_devices
 from hslite.parallel.plan import Plan
-from hslite.parallel.rank_setup import quiet_lightning
+from hslite.parallel.ranks.rank_setup import quiet_lightning
 from hslite.preflight_check.decide.verdict import CLEARLY_FASTER, PreflightRefused, Verdict, decide, gib
 from hslite.recipe.build import (
     band_groups_for,

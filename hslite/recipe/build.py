@@ -19,9 +19,9 @@ from hslite.models import get_model, has_band_groups
 from hslite.models.band_groups import spectral_band_groups
 from hslite.models.pretrained import load_pretrained
 from hslite.parallel.box import resolve_accelerator
+from hslite.parallel.channels.rotation import DEFAULT_GROUPS, RotationSchedule, check_rotation
 from hslite.parallel.deadlines import Deadlines
 from hslite.parallel.plan import Compression, Plan, Precision
-from hslite.parallel.rotation import DEFAULT_GROUPS, RotationSchedule, check_rotation
 from hslite.recipe.schema import Config
 from hslite.task import HSIClassifier
 
@@ -170,7 +170,7 @@ def band_groups_for(cfg: Config, datamodule: HSIDataModule, model: nn.Module) ->
 def check_model_for_plan(plan: Plan, model: nn.Module, band_groups: list[tuple[int, int]]) -> None:
     """Refuse, before anything runs, band groups the plan cannot split across ranks or rotate through."""
     if plan.chag_enabled:
-        from hslite.parallel.channel_groups import check_divides
+        from hslite.parallel.channels.channel_groups import check_divides
 
         if getattr(model, "band_groups", None) is None:
             raise ConfigError(

@@ -19,7 +19,7 @@ from hslite.datasets.datamodule import HSIDataModule
 from hslite.errors import ConfigError
 from hslite.parallel.box import visible_devices
 from hslite.parallel.plan import Plan
-from hslite.parallel.rank_setup import quiet_lightning
+from hslite.parallel.ranks.rank_setup import quiet_lightning
 from hslite.preflight_check.decide.check_plans import price_absent_devices, price_from_profile, run_preflight
 from hslite.preflight_check.decide.verdict import PreflightUndecided, Verdict
 from hslite.preflight_check.hardware.device_profile import DeviceProfile, list_devices, load_device

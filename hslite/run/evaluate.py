@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 
 from hslite.datasets.datamodule import HSIDataModule
 from hslite.parallel.plan import Plan
-from hslite.parallel.trainer_args import trainer_kwargs
+from hslite.parallel.trainer.trainer_args import trainer_kwargs
 from hslite.recipe.schema import Config
 from hslite.task import HSIClassifier
 

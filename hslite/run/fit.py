@@ -24,13 +24,13 @@ from hslite.datasets.fitted import FittedPreprocessing
 from hslite.datasets.splits import Split
 from hslite.errors import ConfigError, DataError
 from hslite.parallel.box import check_visible
-from hslite.parallel.launched import LaunchedJob, launched_job
 from hslite.parallel.plan import Plan
-from hslite.parallel.rank_setup import quiet_lightning
-from hslite.parallel.rank_watch import RankActivity, watched_ranks
+from hslite.parallel.ranks.launched import LaunchedJob, launched_job
+from hslite.parallel.ranks.rank_setup import quiet_lightning
+from hslite.parallel.ranks.rank_watch import RankActivity, watched_ranks
 from hslite.parallel.timing import TrainThroughput
-from hslite.parallel.trainer_args import process_group_backend, trainer_kwargs
-from hslite.parallel.usage import RankUsage
+from hslite.parallel.trainer.trainer_args import process_group_backend, trainer_kwargs
+from hslite.parallel.trainer.usage import RankUsage
 from hslite.preflight_check.decide.verdict import Verdict
 from hslite.preflight_check.hardware.topology import Topology, max_cross_node_ratio
 from hslite.recipe.build import build_task, deadlines_from_config, plan_from_config, prepared_datamodule

@@ -18,8 +18,8 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from hslite.parallel.launched import LaunchedJob
 from hslite.parallel.plan import Plan
+from hslite.parallel.ranks.launched import LaunchedJob
 from hslite.preflight_check.hardware.job_links import job_mesh, measure_job_topology
 from hslite.preflight_check.hardware.topology import Topology
 from hslite.preflight_check.measure.loop_cost import measure_step_overhead

@@ -33,7 +33,7 @@ from hslite.datasets.preprocess import patch_radius
 from hslite.datasets.scene_input import scene_tiles
 from hslite.datasets.scenes import get_scene_spec, load_scene, to_label_codes
 from hslite.errors import ConfigError, DataError
-from hslite.parallel.rotation import RotationSchedule, SubsetEnsemble
+from hslite.parallel.channels.rotation import RotationSchedule, SubsetEnsemble
 from hslite.recipe.build import model_for
 from hslite.recipe.config import load_config, parse_overrides
 from hslite.recipe.schema import Config

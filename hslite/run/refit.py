@@ -19,11 +19,11 @@ from typing import Any
 import lightning.pytorch as pl
 
 from hslite.datasets.datamodule import HSIDataModule
-from hslite.parallel.launched import LaunchedJob
 from hslite.parallel.plan import Plan
-from hslite.parallel.rank_watch import RankActivity, watched_ranks
+from hslite.parallel.ranks.launched import LaunchedJob
+from hslite.parallel.ranks.rank_watch import RankActivity, watched_ranks
 from hslite.parallel.timing import TrainThroughput
-from hslite.parallel.trainer_args import trainer_kwargs
+from hslite.parallel.trainer.trainer_args import trainer_kwargs
 from hslite.recipe.build import build_task, deadlines_from_config
 from hslite.recipe.schema import Config
 from hslite.run.checkpoints import AtomicCheckpointIO

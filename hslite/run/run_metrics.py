@@ -7,9 +7,9 @@ from typing import Any
 import lightning.pytorch as pl
 
 from hslite.datasets.datamodule import HSIDataModule
-from hslite.parallel.compression_guard import kind_at_level
+from hslite.parallel.compression.guard import kind_at_level
 from hslite.parallel.plan import Plan
-from hslite.parallel.usage import usage_metrics
+from hslite.parallel.trainer.usage import usage_metrics
 
 
 def run_metrics(

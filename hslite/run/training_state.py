@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from hslite.errors import DataError
-from hslite.parallel.strategies import CompressedDDPStrategy, gather_from_ranks
+from hslite.parallel.strategies.ddp import CompressedDDPStrategy, gather_from_ranks
 
 CHECKPOINT_KEY = "hslite"
 

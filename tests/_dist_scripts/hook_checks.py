@@ -14,11 +14,11 @@ import torch.distributed as dist
 from _ranks import FakeBucket, main
 from torch import nn
 
-from hslite.parallel.compression import (
+from hslite.parallel.compression.hook import (
     dispatch_hook,
     int8_hook,
 )
-from hslite.parallel.compression_state import CompressionState
+from hslite.parallel.compression.state import CompressionState
 from hslite.parallel.wire_format import shard_layout, wire_bytes
 
 CHUNK = 2048

@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from hslite.parallel.deadlines import Deadlines
-from hslite.parallel.strategies import FencedDDPStrategy
+from hslite.parallel.strategies.ddp import FencedDDPStrategy
 
 DEADLINES = Deadlines(collective=10.0, startup=300.0)
 GAP_SECONDS = 1.0  # between two ranks' arrivals: 16 ranks span 15 s, past the 10 s collective deadline

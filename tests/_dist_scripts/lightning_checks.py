@@ -20,7 +20,7 @@ from lightning.pytorch.loggers import CSVLogger
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from hslite.parallel.compression_guard import CompressionGuard
+from hslite.parallel.compression.guard import CompressionGuard
 from hslite.parallel.deadlines import Deadlines
 from hslite.strategies import CompressedDDPStrategy  # the public place a user imports it from
 

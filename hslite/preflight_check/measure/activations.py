@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from hslite.errors import ConfigError
-from hslite.parallel.group_gradients import group_parameters
+from hslite.parallel.channels.group_gradients import group_parameters
 from hslite.preflight_check.measure.fake_tensors import storage_key
 from hslite.preflight_check.measure.timers import autocast, intervals_seconds, mark
 from hslite.preflight_check.measure.training_step import TrainingStep, batch_to

@@ -19,10 +19,10 @@ from torch import Tensor, nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from hslite.parallel.channel_groups import ChannelGroups
-from hslite.parallel.exchange_order import ExchangeOrder, ordered_hook
-from hslite.parallel.group_gradients import GroupGradients
-from hslite.parallel.rotation import RotationSchedule
+from hslite.parallel.channels.channel_groups import ChannelGroups
+from hslite.parallel.channels.exchange_order import ExchangeOrder, ordered_hook
+from hslite.parallel.channels.group_gradients import GroupGradients
+from hslite.parallel.channels.rotation import RotationSchedule
 from hslite.preflight_check.measure.training_step import CLASSIFIER_STEP, TrainingStep
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hslite.parallel.trainer_args import process_group_backend
+from hslite.parallel.trainer.trainer_args import process_group_backend
 from hslite.preflight_check.measure.step_timing import timed_step
 from hslite.preflight_check.measure.timers import wall_seconds
 from hslite.preflight_check.measure.training_step import CLASSIFIER_STEP, TrainingStep, batch_to
@@ -43,7 +43,7 @@ def measure_fsdp_overhead(
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from hslite.parallel.fsdp_policy import shard_model
+    from hslite.parallel.strategies.fsdp_policy import shard_model
 
     if dist.is_initialized():
         return None

@@ -94,7 +94,7 @@ def counted_peak_bytes(sizes: dict[str, Any]) -> int:
 
 
 def _fsdp_sizes(model: nn.Module) -> dict[str, int | None]:
-    from hslite.parallel.fsdp_policy import gathered_param_bytes, unit_count
+    from hslite.parallel.strategies.fsdp_policy import gathered_param_bytes, unit_count
 
     try:
         return {"fsdp_gathered_bytes": gathered_param_bytes(model), "fsdp_units": unit_count(model)}

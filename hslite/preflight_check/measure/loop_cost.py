@@ -36,11 +36,11 @@ from hslite.cache import read_cache, write_cache
 from hslite.errors import HSLiteError
 from hslite.parallel.box import threads_per_process
 from hslite.parallel.host_reduce import max_over_ranks
-from hslite.parallel.launched import leave_the_job
 from hslite.parallel.plan import Plan
-from hslite.parallel.rank_setup import quiet_lightning
+from hslite.parallel.ranks.launched import leave_the_job
+from hslite.parallel.ranks.rank_setup import quiet_lightning
 from hslite.parallel.timing import TrainThroughput
-from hslite.parallel.trainer_args import trainer_kwargs
+from hslite.parallel.trainer.trainer_args import trainer_kwargs
 from hslite.task import HSIClassifier
 
 STEPS_PER_RANK = 40  # medians of 39 batches settle within a few percent here

@@ -137,7 +137,7 @@ def _in_group(
     """DDP's, FSDP's and each chag layout's figures (module notes, 2-4)."""
     from torch.nn.parallel import DistributedDataParallel
 
-    from hslite.parallel.fsdp_policy import shard_model
+    from hslite.parallel.strategies.fsdp_policy import shard_model
 
     _, precision, step, warmup, steps, window_seconds, fsdp, band_group_sizes, layouts, rotation = settings
     dev = torch.device("cpu")

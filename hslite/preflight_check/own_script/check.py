@@ -150,7 +150,7 @@ def plan_of_trainer(trainer: pl.Trainer, batch_size: int) -> Plan:
     from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator
     from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy, SingleDeviceStrategy
 
-    from hslite.parallel.strategies import CompressedDDPStrategy
+    from hslite.parallel.strategies.ddp import CompressedDDPStrategy
 
     accelerators: dict[type, Accelerator] = {CPUAccelerator: "cpu", CUDAAccelerator: "gpu"}
     accelerator = accelerators.get(type(trainer.accelerator))

@@ -11,7 +11,7 @@ import math
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from hslite.parallel.group_owners import rank_groups
+from hslite.parallel.channels.group_owners import rank_groups
 from hslite.parallel.wire_format import DEFAULT_CHUNK_ELEMS, compressed_bytes, fsdp_wire_bytes, shard_layout
 from hslite.preflight_check.price.formulas import (
     allgather_seconds,

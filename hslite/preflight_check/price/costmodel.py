@@ -13,7 +13,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from hslite.parallel.group_owners import rank_groups
+from hslite.parallel.channels.group_owners import rank_groups
 from hslite.preflight_check.hardware.device_profile import launch_seconds_on
 from hslite.preflight_check.price.comm_cost import (
     chag_token_bytes,

@@ -30,7 +30,7 @@ import lightning.pytorch as pl
 
 from hslite.errors import HSLiteError
 from hslite.parallel.deadlines import Deadlines
-from hslite.parallel.stall_watch import Heartbeat, StallWatch, same_job_here, stalled_path
+from hslite.parallel.ranks.stall_watch import Heartbeat, StallWatch, same_job_here, stalled_path
 
 _EVERY_SECONDS = 1.0
 

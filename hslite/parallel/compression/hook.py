@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from hslite.parallel.compression_state import CompressionState
+from hslite.parallel.compression.state import CompressionState
 from hslite.parallel.wire_format import SCALE_BYTES, shard_layout, wire_bytes
 
 # Smallest normal fp32: dividing by it instead of a zero scale keeps an all-zero chunk's codes at 0 rather than NaN.

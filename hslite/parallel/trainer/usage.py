@@ -26,8 +26,8 @@ import lightning.pytorch as pl
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from hslite.parallel.fsdp import ShardedStrategy
 from hslite.parallel.host_reduce import max_over_ranks
+from hslite.parallel.strategies.fsdp import ShardedStrategy
 from hslite.parallel.wire_format import fsdp_wire_bytes, wire_bytes
 
 SAMPLED_STEPS = 3  # step 1 allocates the optimiser state; steps 2-3 are the steady layout

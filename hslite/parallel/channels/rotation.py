@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from hslite.errors import ConfigError
-from hslite.parallel.group_owners import rank_groups
+from hslite.parallel.channels.group_owners import rank_groups
 
 
 def check_rotation(num_groups: int, active: int, chag: int = 1) -> None:

@@ -22,9 +22,9 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch import nn
 
 from hslite.parallel.deadlines import DEFAULT_DEADLINES, Deadlines, FencedBarrier
-from hslite.parallel.fsdp_policy import shard_model
 from hslite.parallel.spawned_rank import end_finished_rank
-from hslite.parallel.strategies import DestroyedAtExit
+from hslite.parallel.strategies.ddp import DestroyedAtExit
+from hslite.parallel.strategies.fsdp_policy import shard_model
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl

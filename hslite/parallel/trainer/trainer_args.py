@@ -44,11 +44,11 @@ def trainer_kwargs(
     elif plan.world_size > 1:
         kwargs["strategy"] = _ddp_strategy(plan, launched, deadlines)
         if plan.compression_enabled:
-            from hslite.parallel.compression_guard import CompressionGuard
+            from hslite.parallel.compression.guard import CompressionGuard
 
             # Against its own best val/OA: two validations in a row more than 1 point below it relax one level.
             callbacks.append(CompressionGuard("val/OA", tolerance_points=1.0, patience=2))
-    from hslite.parallel.rank_setup import RankSetup
+    from hslite.parallel.ranks.rank_setup import RankSetup
 
     threads = threads_per_process(plan) if plan.accelerator == "cpu" else None
     spawned = plan.world_size > 1 and not launched
@@ -74,7 +74,7 @@ def process_group_backend(accelerator: str) -> str:
 
 
 def _sharded_strategy(plan: Plan, launched: bool, deadlines: Deadlines) -> Any:
-    from hslite.parallel.fsdp import ShardedStrategy
+    from hslite.parallel.strategies.fsdp import ShardedStrategy
 
     backend = process_group_backend(plan.accelerator)
     replicas = plan.num_nodes if plan.hybrid_shard else 1
@@ -83,7 +83,7 @@ def _sharded_strategy(plan: Plan, launched: bool, deadlines: Deadlines) -> Any:
 
 
 def _ddp_strategy(plan: Plan, launched: bool, deadlines: Deadlines) -> Any:
-    from hslite.parallel.strategies import FencedDDPStrategy
+    from hslite.parallel.strategies.ddp import FencedDDPStrategy
 
     options: dict[str, Any] = {
         "start_method": "popen" if launched else "spawn",  # "popen" starts no process where the launcher did
@@ -94,13 +94,13 @@ def _ddp_strategy(plan: Plan, launched: bool, deadlines: Deadlines) -> Any:
         # A band group's own parameters go unused in a step that leaves it out, or on a rank that does not own it.
         options["find_unused_parameters"] = True
     if plan.chag_enabled:
-        from hslite.parallel.channel_groups import ChannelGroupCompressedDDPStrategy, ChannelGroupDDPStrategy
+        from hslite.parallel.channels.channel_groups import ChannelGroupCompressedDDPStrategy, ChannelGroupDDPStrategy
 
         if plan.compression_enabled:
             return ChannelGroupCompressedDDPStrategy(plan.chag, compression=plan.compression, **options)
         return ChannelGroupDDPStrategy(plan.chag, **options)
     if plan.compression_enabled:
-        from hslite.parallel.strategies import CompressedDDPStrategy
+        from hslite.parallel.strategies.ddp import CompressedDDPStrategy
 
         return CompressedDDPStrategy(plan.compression, **options)
     return FencedDDPStrategy(**options)

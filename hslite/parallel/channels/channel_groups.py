@@ -33,10 +33,10 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.nn.parallel import DistributedDataParallel
 
 from hslite.errors import ConfigError
-from hslite.parallel.exchange_order import ExchangeOrder, ordered_hook
-from hslite.parallel.group_gradients import GroupGradients
-from hslite.parallel.group_owners import rank_groups
-from hslite.parallel.strategies import CompressedDDPStrategy, FencedDDPStrategy
+from hslite.parallel.channels.exchange_order import ExchangeOrder, ordered_hook
+from hslite.parallel.channels.group_gradients import GroupGradients
+from hslite.parallel.channels.group_owners import rank_groups
+from hslite.parallel.strategies.ddp import CompressedDDPStrategy, FencedDDPStrategy
 
 
 class BandGroupModel(Protocol):

@@ -19,8 +19,8 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch.nn.parallel import DistributedDataParallel
 
 from hslite.errors import ConfigError
-from hslite.parallel.compression import dispatch_hook
-from hslite.parallel.compression_state import CompressionState
+from hslite.parallel.compression.hook import dispatch_hook
+from hslite.parallel.compression.state import CompressionState
 from hslite.parallel.deadlines import FencedBarrier
 from hslite.parallel.wire_format import DEFAULT_CHUNK_ELEMS, check_kind
 

@@ -1,0 +1,1 @@
+"""Channel parallelism: fixed channel groups (D-CHAG style) and channel-subset rotation."""

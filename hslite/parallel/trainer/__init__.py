@@ -1,0 +1,1 @@
+"""A Plan as Lightning Trainer arguments, and the callback that measures each rank's memory and bytes."""
