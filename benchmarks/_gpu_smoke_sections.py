@@ -135,7 +135,7 @@ def check_environment(ctx: Context) -> None:
                f"compute capability {props.major}.{props.minor}, NCCL {torch.cuda.nccl.version()}")  # fmt: skip
     missing = [name for name in MISSING_ON_THE_BOX if importlib.util.find_spec(name) is None]
     with checking("env.hslite"):
-        import hslite.datasets.patches as patches
+        import hslite.datasets.batches.patches as patches
 
         if missing:
             raise SmokeFailure(f"{', '.join(missing)} not importable: the wheels were not installed")
@@ -422,8 +422,8 @@ def _model_samples_per_second(ctx: Context, recipe: str, bands: int, classes: in
 
 def _data_rates(ctx: Context, recipe: str) -> dict[str, Any]:
     """Samples/s of every gather and copy of a batch of this recipe, and of the model consuming them."""
-    from hslite.datasets.patches import PatchGatherer
-    from hslite.datasets.scenes import get_scene_spec
+    from hslite.datasets.batches.patches import PatchGatherer
+    from hslite.datasets.scenes.registry import get_scene_spec
     from hslite.recipe.config import load_config
 
     cfg = load_config(recipe)

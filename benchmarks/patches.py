@@ -21,10 +21,10 @@ copy 22-26 GB/s; vectorised 91-119k samples/s = 53-60 % of copy (3.9-4.4x per-sa
 (63-81 %) and 128-174k reused (74-91 %); per-sample 22-31k (13-17 %).
 
 What limits each: the C kernel copies B*p rows of p floats per patch from a band-major cube and prefetches the
-next patch's rows. Through a DataLoader, batches come from hslite.datasets.batch_buffers, reused once nothing
+next patch's rows. Through a DataLoader, batches come from hslite.datasets.batches.batch_buffers, reused once nothing
 references them; "vectorised, fresh batches" allocates each with `torch.empty` instead, whose new pages the OS
-zeroes on first touch. The torch path gathers whole
-spectra from a pixel-major cube, then transposes and copies in cache-sized chunks (see hslite/datasets/patches.py).
+zeroes on first touch. The torch path gathers whole spectra from a pixel-major cube, then transposes and copies in
+cache-sized chunks (see hslite/datasets/batches/patches.py).
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from hslite.datasets.patches import PatchDataset, PatchGatherer, collate_patches
+from hslite.datasets.batches.patches import PatchDataset, PatchGatherer, collate_patches
 from hslite.datasets.preprocess import BandNormalizer, pad_reflect
-from hslite.datasets.scenes import load_scene
+from hslite.datasets.scenes.registry import load_scene
 
 BATCH = 256
 PATCH = 9

@@ -7,7 +7,7 @@
     python benchmarks/scene_scaling.py --sizes-gb 2 --repeat 3          # each figure the worst of 3 runs
 
 Each size is a square float32 `.npy` cube of `--bands` bands with a 2 %-labelled label map
-(`hslite.datasets.synthetic.write_large_scene`, written a block at a time into --folder and deleted afterwards),
+(`hslite.datasets.scenes.synthetic.write_large_scene`, written a block at a time into --folder and deleted afterwards),
 trained as a team would try its own flightline: `hslite fit data.scene=cube.npy data.labels=gt.npy ...` (test and the
 whole-scene map included), then mapped again with `hslite predict run=... cube=cube.npy`. Every command runs in a
 fresh process; its peak resident set is the one the kernel reports for that process (os.wait4), its wall time is
@@ -58,7 +58,7 @@ def write_cube(size_gb: float, folder: Path, args: argparse.Namespace) -> tuple[
     # In a process of its own: a child's peak RSS starts from its parent's peak (Linux keeps the larger at exec, and
     # subprocess's vfork shares the parent's memory until then), and writing maps the whole cube.
     write = (
-        "import sys; from hslite.datasets.synthetic import write_large_scene as w; "
+        "import sys; from hslite.datasets.scenes.synthetic import write_large_scene as w; "
         "w(sys.argv[1], sys.argv[2], (int(sys.argv[3]),) * 2 + (int(sys.argv[4]),), float(sys.argv[5]))"
     )
     subprocess.run(

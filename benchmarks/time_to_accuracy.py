@@ -77,7 +77,7 @@ def _one_device_recipes() -> list[str]:
 
 def _scene_to_run(recipe: str, data_root: Path) -> tuple[str | None, str]:
     """The scene the recipe runs on here (its own, or its synthetic stand-in), or None and why not."""
-    from hslite.datasets.scenes import get_scene_spec, is_synthetic, list_scenes, scene_folder
+    from hslite.datasets.scenes.registry import get_scene_spec, is_synthetic, list_scenes, scene_folder
     from hslite.recipe.config import load_config
 
     name = load_config(recipe).data.scene
@@ -128,7 +128,7 @@ def _features(run: Path, with_mean: bool) -> tuple[np.ndarray, np.ndarray, dict[
     from scipy.ndimage import uniform_filter
 
     from hslite.datasets.fitted import FittedPreprocessing
-    from hslite.datasets.scenes import load_scene
+    from hslite.datasets.scenes.registry import load_scene
     from hslite.datasets.splits import Split
 
     prep = FittedPreprocessing.load(run / "preprocessing.npz")
@@ -244,7 +244,7 @@ def main() -> int:
         help="also run each real scene's synthetic stand-in and print the two side by side",
     )
     args = parser.parse_args()
-    from hslite.datasets.scenes import default_data_root, is_synthetic, list_scenes
+    from hslite.datasets.scenes.registry import default_data_root, is_synthetic, list_scenes
 
     data_root = (args.data_root or default_data_root()).resolve()
     # A disjoint split's test blocks can lack a class an SVM still predicts: balanced accuracy is then over the classes

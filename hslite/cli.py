@@ -96,7 +96,7 @@ def _cmd_models(args: argparse.Namespace) -> int:
 
 
 def _cmd_data(args: argparse.Namespace) -> int:
-    from hslite.datasets import scenes
+    from hslite.datasets.scenes import registry as scenes
     from hslite.recipe.config import parse_overrides
 
     if args.scene and "=" in args.scene:  # argparse took an override for the scene
@@ -119,7 +119,7 @@ def _cmd_data(args: argparse.Namespace) -> int:
         return 0
     if not args.scene:
         raise HSLiteError(f"`hslite data {args.action}` needs a scene name; see `hslite data list`.")
-    from hslite.datasets.own_scene import describe_file, is_scene_path
+    from hslite.datasets.scenes.own_scene import describe_file, is_scene_path
 
     if args.action == "info" and is_scene_path(args.scene):
         print("\n".join(describe_file(args.scene)))

@@ -22,7 +22,7 @@ def shared_data() -> Path:
 @pytest.fixture(scope="session")
 def tiny_scene():
     """The registered 24x24x32, 4-class synthetic scene (seed 0)."""
-    from hslite.datasets.scenes import load_scene
+    from hslite.datasets.scenes.registry import load_scene
 
     return load_scene("synthetic_tiny", seed=0)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import scipy.io
 
-from hslite.datasets.scenes import get_scene_spec
+from hslite.datasets.scenes.registry import get_scene_spec
 
 # dtypes of the public cubes (README of ../shared/data and the EHU files): used to write look-alike cubes.
 REAL_CUBE_DTYPES = {"indian_pines": np.uint16, "pavia_university": np.uint16, "salinas": np.int16}

@@ -51,7 +51,7 @@ def _save_split(shape: tuple[int, int]) -> Callable[[Path], None]:
 
 
 def _truncated_split(path: Path) -> None:
-    from hslite.datasets.scenes import load_scene
+    from hslite.datasets.scenes.registry import load_scene
     from hslite.datasets.splits import make_split
 
     make_split(load_scene("synthetic_tiny", seed=0).gt, "stratified").save(path)

@@ -152,7 +152,7 @@ def test_overlapping_spectrometers_keep_regions_contiguous():
 
 
 def test_the_indian_pines_table_groups_by_region():
-    from hslite.datasets.wavelengths import INDIAN_PINES_220_NM
+    from hslite.datasets.scenes.wavelengths import INDIAN_PINES_220_NM
 
     groups = spectral_band_groups(INDIAN_PINES_220_NM, len(INDIAN_PINES_220_NM), 4)
     maxima = np.maximum.accumulate(INDIAN_PINES_220_NM)

@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from hslite.datasets.batch_buffers import BufferPool
-from hslite.datasets.patches import PatchGatherer
+from hslite.datasets.batches.batch_buffers import BufferPool
+from hslite.datasets.batches.patches import PatchGatherer
 from hslite.datasets.preprocess import pad_reflect
 
 
@@ -73,7 +73,7 @@ class _Batches(Dataset):
 
 def test_workers_allocate_plainly_and_batches_stay_intact(monkeypatch):
     pool = BufferPool()
-    monkeypatch.setattr("hslite.datasets.batch_buffers.get_worker_info", lambda: object())
+    monkeypatch.setattr("hslite.datasets.batches.batch_buffers.get_worker_info", lambda: object())
     pool.empty((2,))
     assert pool._arrays == []
     monkeypatch.undo()
@@ -105,7 +105,7 @@ def test_a_pinning_pool_takes_each_batch_from_torchs_page_locked_allocator(monke
     monkeypatch.setattr(torch, "empty", empty)
     pool.empty((2, 3))
     pool.empty((2, 3))
-    monkeypatch.setattr("hslite.datasets.batch_buffers.get_worker_info", lambda: object())
+    monkeypatch.setattr("hslite.datasets.batches.batch_buffers.get_worker_info", lambda: object())
     pool.empty((2, 3))  # in a worker: plain memory; the DataLoader pins the batch on arrival
     monkeypatch.undo()
     assert requests == [{"pin_memory": True}, {"pin_memory": True}, {}] and pool._arrays == []

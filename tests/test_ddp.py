@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
-from hslite.datasets.patches import PatchDataset, collate_patches
-from hslite.datasets.scenes import load_scene
+from hslite.datasets.batches.patches import PatchDataset, collate_patches
+from hslite.datasets.scenes.registry import load_scene
 from hslite.models import get_model
 from hslite.parallel.channels.rotation import RotationSchedule
 from hslite.parallel.plan import Plan
@@ -23,7 +23,7 @@ SAMPLES = 96  # divisible by every global batch below, so DistributedSampler pad
 
 def fixed_dataset() -> PatchDataset:
     """The first SAMPLES labelled pixels of synthetic_tiny as 3×3 patches."""
-    from hslite.datasets.patches import PatchGatherer
+    from hslite.datasets.batches.patches import PatchGatherer
     from hslite.datasets.preprocess import pad_reflect
 
     scene = load_scene("synthetic_tiny", seed=0)

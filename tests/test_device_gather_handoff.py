@@ -14,8 +14,8 @@ import pytest
 import torch
 from torch.utils.data._utils.pin_memory import pin_memory
 
+from hslite.datasets.batches.patches import PatchDataset, PatchGatherer
 from hslite.datasets.datamodule import HSIDataModule
-from hslite.datasets.patches import PatchDataset, PatchGatherer
 from hslite.datasets.preprocess import pad_reflect
 from hslite.recipe.recipe_parts import training_batches
 

@@ -236,7 +236,7 @@ def test_indian_pines_on_8_h100s_gets_a_verdict_from_the_profile(capsys, no_gpu_
                                                                  monkeypatch):  # fmt: skip
     from fixtures_data import write_real_format_cube
 
-    from hslite.datasets import scenes
+    from hslite.datasets.scenes import registry as scenes
 
     # The real ground truth beside a cube of the real shape and format: shared/data has no Indian Pines cube (its
     # README: too big), and the sizes, FLOPs and class count priced here depend on the shapes only.

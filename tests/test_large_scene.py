@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from hslite.datasets.datamodule import HSIDataModule
-from hslite.datasets.io import open_cube
 from hslite.datasets.preprocess import BandNormalizer, PCAReducer, pad_reflect, preprocess_block
 from hslite.datasets.scene_input import padded_input, training_spectra
-from hslite.datasets.synthetic import write_large_scene
+from hslite.datasets.scenes.io import open_cube
+from hslite.datasets.scenes.synthetic import write_large_scene
 from hslite.errors import ConfigError, DataError
 from hslite.recipe.build import plan_from_config, prepared_datamodule
 from hslite.recipe.config import load_config
@@ -150,7 +150,7 @@ def test_a_cube_larger_than_the_budget_is_trained_and_mapped_within_it(tmp_path)
     # map, run allowance: about 1.07 GB) room on a fresh CI environment as on a warm one (1.1 GB was refused there)
     shape = (1400, 1000, 250)
     # Written by another process: a child's peak RSS starts from this one's peak, and writing maps the whole cube.
-    write = f"from hslite.datasets.synthetic import write_large_scene as w; w({str(tmp_path)!r} + '/cube.npy', "
+    write = f"from hslite.datasets.scenes.synthetic import write_large_scene as w; w({str(tmp_path)!r} + '/cube.npy', "
     subprocess.run([sys.executable, "-c", write + f"{str(tmp_path)!r} + '/gt.npy', {shape})"], check=True)
     cube_bytes = 4 * np.prod(shape)
     budget_bytes = int(0.95 * cube_bytes)

@@ -68,6 +68,14 @@ def test_the_top_floor_is_small():
     assert len(top) <= MAX_TOP_LEVEL_FILES, top
 
 
+def test_no_folder_holds_more_than_12_files_directly():
+    """A folder of more files is split by role into subpackages (docs/design.md, layout)."""
+    folders = [REPO / "hslite", *(path for path in (REPO / "hslite").rglob("*") if path.is_dir())]
+    sizes = {str(folder.relative_to(REPO)): len([f for f in folder.glob("*.py") if f.name != "__init__.py"])
+             for folder in folders}  # fmt: skip
+    assert {folder: n for folder, n in sizes.items() if n > 12} == {}
+
+
 def test_no_file_is_over_300_lines():
     long = [f"{path.relative_to(REPO)}: {n} lines" for path in sorted((REPO / "hslite").rglob("*.py"))
             if (n := len(path.read_text().splitlines())) > MAX_LINES]  # fmt: skip

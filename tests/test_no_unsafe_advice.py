@@ -19,8 +19,8 @@ import torch
 
 import hslite
 from hslite.datasets.fitted import FittedPreprocessing
-from hslite.datasets.io import open_cube, read_labels
-from hslite.datasets.own_scene import read_wavelengths
+from hslite.datasets.scenes.io import open_cube, read_labels
+from hslite.datasets.scenes.own_scene import read_wavelengths
 from hslite.datasets.splits import Split
 from hslite.errors import HSLiteError
 from hslite.models import get_model

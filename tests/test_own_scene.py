@@ -10,7 +10,7 @@ import pytest
 
 from hslite.cli import main
 from hslite.datasets.datamodule import HSIDataModule
-from hslite.datasets.own_scene import OwnScene, is_scene_path, split_key
+from hslite.datasets.scenes.own_scene import OwnScene, is_scene_path, split_key
 from hslite.errors import ConfigError, DataError
 
 CODES = (3, 7, 9)  # the user's codes; 0 is unlabelled

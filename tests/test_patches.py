@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from hslite.datasets.augment import augment_batch
-from hslite.datasets.patches import PatchDataset, PatchGatherer, _patchgather, collate_patches
+from hslite.datasets.batches.augment import augment_batch
+from hslite.datasets.batches.patches import PatchDataset, PatchGatherer, _patchgather, collate_patches
 from hslite.datasets.preprocess import pad_reflect
 from hslite.errors import DataError
 
@@ -76,7 +76,9 @@ def test_gather_equals_naive_slicing(p, bands, path, n):
 def test_kernel_is_built_where_a_compiler_exists():
     if not (shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")):
         pytest.skip("no C compiler here: the torch path gathers")
-    assert _patchgather is not None, "hslite.datasets._patchgather was not built: reinstall with `pip install -e .`"
+    assert _patchgather is not None, (
+        "hslite.datasets.batches._patchgather was not built: reinstall with `pip install -e .`"
+    )
     assert PatchGatherer(_padded(5, 3), 5).native
 
 
@@ -218,7 +220,7 @@ def test_dataloader_with_workers_and_augmentation(padded):
 
 
 def test_a_host_tensor_goes_to_cuda_page_locked_and_without_waiting(monkeypatch):
-    from hslite.datasets.batch_buffers import to_device
+    from hslite.datasets.batches.batch_buffers import to_device
 
     calls = []
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: calls.append("pin_memory") or self)

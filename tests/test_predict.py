@@ -15,11 +15,11 @@ from rasterio.errors import NotGeoreferencedWarning
 from torch import nn
 
 from hslite.cli import main
+from hslite.datasets.batches.patches import PatchGatherer
 from hslite.datasets.fitted import FittedPreprocessing
-from hslite.datasets.io import cube_from_array, read_mat
-from hslite.datasets.patches import PatchGatherer
 from hslite.datasets.preprocess import BandNormalizer, pad_reflect
-from hslite.datasets.scenes import load_scene
+from hslite.datasets.scenes.io import cube_from_array, read_mat
+from hslite.datasets.scenes.registry import load_scene
 from hslite.run.predict import PredictOptions, _map_blocks
 
 CODES = np.array([0, 10, 20, 30, 40], dtype=np.uint8)  # synthetic_tiny's classes 1..4 written as the user's codes

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from scipy.spatial import cKDTree
 
-from hslite.datasets.preprocess import BandNormalizer, PCAReducer, check_finite, check_labels, kept_bands, pad_reflect
-from hslite.datasets.scene_specs import INDIAN_PINES_CLASS_COUNTS
-from hslite.datasets.scenes import get_scene_spec, load_scene
+from hslite.datasets.preprocess import BandNormalizer, PCAReducer, check_finite, kept_bands, pad_reflect
+from hslite.datasets.scenes.registry import check_labels, get_scene_spec, load_scene
+from hslite.datasets.scenes.scene_specs import INDIAN_PINES_CLASS_COUNTS
 from hslite.datasets.splits import Split, audit_leakage, make_split
 from hslite.errors import DataError
 

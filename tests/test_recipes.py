@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from fixtures_data import write_geotiff_cube, write_real_format_cube
 
-from hslite.datasets.scenes import get_scene_spec, is_synthetic
+from hslite.datasets.scenes.registry import get_scene_spec, is_synthetic
 from hslite.recipe.config import list_recipes, load_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,7 +46,7 @@ def _lay_out_scene(scene: str, root: Path, shared_data: Path | None, monkeypatch
 
     A stand-in cannot match the real file's size and sha256, so those two are lifted for the stand-in only.
     """
-    from hslite.datasets import scenes
+    from hslite.datasets.scenes import registry as scenes
 
     spec = get_scene_spec(scene)
     folder = root / scene
@@ -144,7 +144,7 @@ def test_wheel_holds_every_module_and_finds_recipes_by_name(tmp_path):
     )  # the data folders were found, not skipped
     assert sorted(expected - shipped) == []
     if shutil.which("cc"):  # the patch gather's C kernel, compiled for the wheel (it is optional without a compiler)
-        assert any(name.startswith("hslite/datasets/_patchgather.") for name in shipped - expected)
+        assert any(name.startswith("hslite/datasets/batches/_patchgather.") for name in shipped - expected)
 
     target = tmp_path / "installed"
     subprocess.run([*pip, "install", "--no-deps", "--target", target, wheel], check=True, capture_output=True)

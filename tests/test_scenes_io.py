@@ -9,11 +9,12 @@ import fixtures_data as fx
 import numpy as np
 import pytest
 
-from hslite.datasets import fetch, scene_specs, scenes
-from hslite.datasets.fetch import RemoteFile, ensure_file, sha256_file
-from hslite.datasets.geotiff_out import write_geotiff
-from hslite.datasets.io import open_cube, read_cube, read_labels
-from hslite.datasets.scenes import get_scene_spec, list_scenes, load_scene, load_unmixing
+from hslite.datasets.scenes import fetch, scene_specs
+from hslite.datasets.scenes import registry as scenes
+from hslite.datasets.scenes.fetch import RemoteFile, ensure_file, sha256_file
+from hslite.datasets.scenes.geotiff_out import write_geotiff
+from hslite.datasets.scenes.io import open_cube, read_cube, read_labels
+from hslite.datasets.scenes.registry import get_scene_spec, list_scenes, load_scene, load_unmixing
 from hslite.errors import DataError
 
 # ---------------------------------------------------------------------------------------------------------- registry
@@ -70,7 +71,7 @@ def test_the_indian_pines_stand_in_has_fields_of_one_class_as_unlike_as_the_real
     so the spread of field means within a class (what makes unseen fields hard) is wider."""
     from scipy import ndimage
 
-    from hslite.datasets.synthetic import FIELD_CONCENTRATION, make_synthetic_scene
+    from hslite.datasets.scenes.synthetic import FIELD_CONCENTRATION, make_synthetic_scene
 
     spec = scenes.get_scene_spec("synthetic_indian_pines")
     assert spec.field_concentration < FIELD_CONCENTRATION

@@ -15,10 +15,10 @@ from torch import nn
 import hslite
 from hslite.errors import ConfigError
 from hslite.parallel.plan import Plan
-from hslite.preflight_check.measure.lightning_step import lightning_workload
 from hslite.preflight_check.measure.probe import probe_model
 from hslite.preflight_check.measure.step_counts import count_step
 from hslite.preflight_check.own_script.check import plan_from, plan_of_trainer
+from hslite.preflight_check.own_script.lightning_step import lightning_workload
 from hslite.strategies import CompressedDDPStrategy
 
 STEP_SLEEP_SECONDS = 0.03

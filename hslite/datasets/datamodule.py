@@ -13,14 +13,14 @@ import lightning
 import numpy as np
 from torch.utils.data import DataLoader
 
-from hslite.datasets.fetch import ensure_file
+from hslite.datasets.batches.patches import PatchDataset, PatchGatherer, stores_bands_first
 from hslite.datasets.input_plan import InputPlan, plan_input
 from hslite.datasets.loaders import device_type, patch_loader
-from hslite.datasets.own_scene import own_scene_for
-from hslite.datasets.patches import PatchDataset, PatchGatherer, stores_bands_first
 from hslite.datasets.preprocess import BandNormalizer, PCAReducer, kept_bands, preprocess_block
 from hslite.datasets.scene_input import ScenePatches, SceneTiles, held_input, training_spectra
-from hslite.datasets.scenes import Scene, get_scene_spec, is_synthetic, load_scene, scene_folder
+from hslite.datasets.scenes.fetch import ensure_file
+from hslite.datasets.scenes.own_scene import own_scene_for
+from hslite.datasets.scenes.registry import Scene, get_scene_spec, is_synthetic, load_scene, scene_folder
 from hslite.datasets.splits import Split, audit_leakage, load_split_for, make_split
 from hslite.errors import DataError
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import numpy as np
 
-from hslite.datasets.cube_file import BLOCK_BYTES
-from hslite.datasets.io import read_labels
-from hslite.datasets.own_scene import OwnScene, open_cube_spec, read_wavelengths, split_key
 from hslite.datasets.preprocess import kept_bands, patch_radius
-from hslite.datasets.scenes import get_scene_spec
+from hslite.datasets.scenes.cube_file import BLOCK_BYTES
+from hslite.datasets.scenes.io import read_labels
+from hslite.datasets.scenes.own_scene import OwnScene, open_cube_spec, read_wavelengths, split_key
+from hslite.datasets.scenes.registry import get_scene_spec
 
 # Per-pixel arrays a fit holds beside its input while it maps the scene, bytes a pixel: the ground truth (int64), the
 # predicted classes by batch and joined (int64 each), and the map's classes and their label codes (int64 each); each

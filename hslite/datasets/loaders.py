@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from hslite.datasets.patches import collate_patches
+from hslite.datasets.batches.patches import collate_patches
 from hslite.datasets.scene_input import ScenePatches, SceneTiles
 from hslite.errors import DataError
 

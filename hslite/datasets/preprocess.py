@@ -219,14 +219,3 @@ def check_finite(cube: np.ndarray, first_row: int = 0) -> None:
             f"The cube has {int(bad.sum())} NaN/Inf values, the first at (row, col, band) {first}. Remove the bad "
             "bands (data.remove_bands) or repair the file."
         )
-
-
-def check_labels(gt: np.ndarray, num_classes: int) -> None:
-    """Raise a DataError when labels fall outside 0..num_classes (0 = unlabelled)."""
-    outside = (gt < 0) | (gt > num_classes)
-    if outside.any():
-        values = np.unique(gt[outside])
-        raise DataError(
-            f"The ground truth has {int(outside.sum())} pixels with labels {values[:10].tolist()} outside "
-            f"0..{num_classes} ({num_classes} classes). The label file does not match the scene's class list."
-        )

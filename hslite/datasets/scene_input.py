@@ -16,10 +16,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
-from hslite.datasets.batch_buffers import to_device
-from hslite.datasets.cube_file import BLOCK_BYTES, CubeFile
-from hslite.datasets.patches import PatchGatherer
+from hslite.datasets.batches.batch_buffers import to_device
+from hslite.datasets.batches.patches import PatchGatherer
 from hslite.datasets.preprocess import check_finite, check_pad, patch_radius
+from hslite.datasets.scenes.cube_file import BLOCK_BYTES, CubeFile
 from hslite.process.allocator import release_freed_memory
 
 

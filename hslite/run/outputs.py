@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from hslite.datasets.geotiff_out import write_geotiff
-from hslite.datasets.scenes import Scene, to_label_codes
+from hslite.datasets.scenes.geotiff_out import write_geotiff
+from hslite.datasets.scenes.registry import Scene, to_label_codes
 
 MAP_DPI = 120  # map.png's resolution, dots per inch
 

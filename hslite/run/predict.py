@@ -25,13 +25,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from hslite.datasets.cube_file import CubeFile
 from hslite.datasets.fitted import FittedPreprocessing
-from hslite.datasets.geotiff_out import geotiff_writer, write_geotiff
-from hslite.datasets.own_scene import OwnScene, open_cube_spec
 from hslite.datasets.preprocess import patch_radius
 from hslite.datasets.scene_input import scene_tiles
-from hslite.datasets.scenes import get_scene_spec, load_scene, to_label_codes
+from hslite.datasets.scenes.cube_file import CubeFile
+from hslite.datasets.scenes.geotiff_out import geotiff_writer, write_geotiff
+from hslite.datasets.scenes.own_scene import OwnScene, open_cube_spec
+from hslite.datasets.scenes.registry import get_scene_spec, load_scene, to_label_codes
 from hslite.errors import ConfigError, DataError
 from hslite.parallel.channels.rotation import RotationSchedule, SubsetEnsemble
 from hslite.recipe.build import model_for

@@ -3,9 +3,9 @@
 Every measurement of the pre-flight (step times, sizes, FLOPs, the tokenizer's share, FSDP's and contention's
 costs) runs the step it is handed, so what is priced is what trains: hslite's classifier step (`CLASSIFIER_STEP`,
 cross-entropy of `model(x)` against `y` and hslite's AdamW) for the recipes, or a LightningModule's own
-`training_step` and `configure_optimizers` (`lightning_step.py`) for a team's own script. A batch is whatever the
-step takes (a tuple, a dict, ...); its tensors are moved and counted wherever they sit in it. The functions are
-module-level so that a step pickles into the processes that time contention.
+`training_step` and `configure_optimizers` (`own_script/lightning_step.py`) for a team's own script. A batch is
+whatever the step takes (a tuple, a dict, ...); its tensors are moved and counted wherever they sit in it. The
+functions are module-level so that a step pickles into the processes that time contention.
 """
 
 from __future__ import annotations

@@ -28,9 +28,9 @@ from hslite.errors import ConfigError, HSLiteError
 from hslite.parallel.plan import Plan
 from hslite.preflight_check.decide.verdict import PreflightRefused, Verdict
 from hslite.preflight_check.hardware.links import measure_launched_link
-from hslite.preflight_check.measure.lightning_step import batch_rows
 from hslite.preflight_check.measurements import LinkModel
 from hslite.preflight_check.own_script.check import plan_of_trainer, preflight_module
+from hslite.preflight_check.own_script.lightning_step import batch_rows
 from hslite.preflight_check.price.candidates import candidate_plans
 from hslite.process.caller_state import caller_state_kept
 

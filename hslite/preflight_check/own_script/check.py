@@ -30,11 +30,11 @@ from hslite.preflight_check.hardware.launcher_cuda import device_memory_bytes
 from hslite.preflight_check.hardware.links import measure_links_for
 from hslite.preflight_check.hardware.topology import Topology, load_topology
 from hslite.preflight_check.measure.footprint import measure_footprint
-from hslite.preflight_check.measure.lightning_step import lightning_workload
 from hslite.preflight_check.measure.loop_cost import cached_step_overhead, measure_step_overhead
 from hslite.preflight_check.measure.probe import probe_for_plans
 from hslite.preflight_check.measure.step_counts import count_step
 from hslite.preflight_check.measurements import LinkModel
+from hslite.preflight_check.own_script.lightning_step import lightning_workload
 
 MAX_PRICED_DEVICES = 16  # the largest box hslite is for, as for a recipe
 LOOP_CLASSES = 2  # the loop-cost stand-in's outputs: a script's own metrics are not known, so the fewest

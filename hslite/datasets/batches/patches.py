@@ -16,7 +16,7 @@ Layout: the models take contiguous (n, B, p, p) float32 patches, in which a patc
 torch path's speed against the kernel's; the torch path's gather, transpose and copy each take a share of its time.
 
 Buffers: `gather(coords, out=...)` fills a caller's buffer; without `out` a batch comes from a BufferPool
-(hslite/datasets/batch_buffers.py), whose memory is reused only once no tensor references it, so a DataLoader
+(hslite/datasets/batches/batch_buffers.py), whose memory is reused only once no tensor references it, so a DataLoader
 that holds several batches, or a model that keeps one, never sees it overwritten; with `pin_memory` it is
 page-locked, for an asynchronous copy to a CUDA device.
 
@@ -39,13 +39,13 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, get_worker_info
 
-from hslite.datasets.augment import augment_batch
-from hslite.datasets.batch_buffers import BufferPool, to_device
+from hslite.datasets.batches.augment import augment_batch
+from hslite.datasets.batches.batch_buffers import BufferPool, to_device
 from hslite.errors import DataError
 
 _patchgather: ModuleType | None
 try:
-    from hslite.datasets import _patchgather
+    from hslite.datasets.batches import _patchgather
 except ImportError:  # installed without a C compiler: the slower torch path below (benchmarks/patches.py)
     _patchgather = None
 

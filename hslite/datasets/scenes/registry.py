@@ -13,11 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from hslite.datasets.fetch import ensure_file
-from hslite.datasets.io import CubeFile, cube_from_array, read_cube, read_labels, read_mat
-from hslite.datasets.preprocess import check_labels
-from hslite.datasets.scene_specs import GENERATED_FILE, SCENE_SPECS, SceneSpec
-from hslite.datasets.synthetic import make_synthetic_scene
+from hslite.datasets.scenes.fetch import ensure_file
+from hslite.datasets.scenes.io import CubeFile, cube_from_array, read_cube, read_labels, read_mat
+from hslite.datasets.scenes.scene_specs import GENERATED_FILE, SCENE_SPECS, SceneSpec
+from hslite.datasets.scenes.synthetic import make_synthetic_scene
 from hslite.errors import DataError
 
 _SCENES = {spec.name: spec for spec in SCENE_SPECS}
@@ -212,3 +211,14 @@ def load_unmixing(name: str, root: str | Path | None = None) -> tuple[np.ndarray
 
 def _columns_to_image(matrix: np.ndarray, rows: int, cols: int) -> np.ndarray:
     return np.ascontiguousarray(matrix.reshape(matrix.shape[0], cols, rows).transpose(2, 1, 0))
+
+
+def check_labels(gt: np.ndarray, num_classes: int) -> None:
+    """Raise a DataError when labels fall outside 0..num_classes (0 = unlabelled)."""
+    outside = (gt < 0) | (gt > num_classes)
+    if outside.any():
+        values = np.unique(gt[outside])
+        raise DataError(
+            f"The ground truth has {int(outside.sum())} pixels with labels {values[:10].tolist()} outside "
+            f"0..{num_classes} ({num_classes} classes). The label file does not match the scene's class list."
+        )

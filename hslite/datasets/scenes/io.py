@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from hslite.datasets.cube_file import BLOCK_BYTES, CubeFile, cube_from_array, npy_cube, released
+from hslite.datasets.scenes.cube_file import BLOCK_BYTES, CubeFile, cube_from_array, npy_cube, released
 from hslite.errors import DataError, unreadable
 
 _TIFF_SUFFIXES = (".tif", ".tiff")

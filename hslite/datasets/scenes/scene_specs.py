@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hslite.datasets.fetch import RemoteFile
-from hslite.datasets.synthetic import FIELD_CONCENTRATION
-from hslite.datasets.wavelengths import INDIAN_PINES_220_NM
+from hslite.datasets.scenes.fetch import RemoteFile
+from hslite.datasets.scenes.synthetic import FIELD_CONCENTRATION
+from hslite.datasets.scenes.wavelengths import INDIAN_PINES_220_NM
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from hslite.datasets.batch_buffers import to_device
+from hslite.datasets.batches.batch_buffers import to_device
 
 
 def _dihedral_permutations(patch_size: int, device: torch.device) -> torch.Tensor:

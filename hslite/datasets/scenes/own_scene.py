@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hslite.datasets.io import CubeFile, georeference, open_cube, read_labels, wavelengths_to_nm
-from hslite.datasets.scenes import Scene, get_scene_spec
+from hslite.datasets.scenes.io import CubeFile, georeference, open_cube, read_labels, wavelengths_to_nm
+from hslite.datasets.scenes.registry import Scene, get_scene_spec
 from hslite.errors import ConfigError, DataError, unreadable
 
 MAX_CLASSES = 255  # more distinct codes than this is a cube or a continuous raster given as the label map

@@ -1,0 +1,1 @@
+"""The patch pipeline: patches gathered from the padded cube (a C kernel on the CPU), augmented, in reused buffers."""
