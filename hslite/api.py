@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hslite.errors import ConfigError
+from hslite.preflight_check.price.regime import DEFAULT_MIN_EFFICIENCY
 from hslite.process.caller_state import caller_state_kept
 from hslite.recipe.config import text_value, value_text
 
@@ -86,7 +87,7 @@ def preflight(
     datamodule: Any = None,
     sample_batch: Any = None,
     plan: Any = None,
-    min_efficiency: float = 0.5,
+    min_efficiency: float = DEFAULT_MIN_EFFICIENCY,
     device: str | None = None,
     topology: str | None = None,
 ) -> Verdict:

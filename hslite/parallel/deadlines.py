@@ -6,7 +6,8 @@ rank 0 writing a checkpoint to network storage, the first placement of a large c
 rank's job waiting. hslite therefore waits per phase (`Deadlines`, the recipe's `parallel.deadlines.*`):
 
 - **startup**: the rendezvous and the first communicator. Lightning spawns ranks one after another, and each imports
-  torch and Lightning; 16 ranks on 2 cores met 35 s after launch here.
+  torch and Lightning, so many ranks on few cores take tens of seconds to meet (tests/test_deadlines.py starts 16
+  on the CI's 2 cores).
 - **collective**: every collective after start-up, and on GPUs NCCL's watchdog limit. Long, because a hung rank is
   not its business: the stall watch (`stall_watch.py`) ends that one within a minute.
 - **fence**: a barrier that ends a phase where one rank works alone (a checkpoint, an evaluation, a map). It goes over

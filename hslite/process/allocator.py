@@ -1,12 +1,10 @@
 """Keep freed heap memory in the process, as a caching allocator does, instead of handing it back on every free.
 
 glibc serves an allocation above its mmap threshold (at most 32 MiB by its own growth rule) from a fresh mapping and
-unmaps it on free, so a step whose activations are that large page-faults all of them in again, every step. The 3-D
-CNN of Salinas-A (20 components, 9×9 patches, as its recipe then was) evaluated 1,890 samples/s at a batch of 1,024
-against 3,330 with the memory kept, and trained at 533 against 641 samples/s (whole command 58 s against 47 s, same
-accuracy; 2-core EPYC, torch 2.13). The resident peak barely moves (764 against 777 MB): the memory was in use at
-the peak anyway. PyTorch's CUDA caching allocator keeps GPU memory for the same reason. `benchmarks/allocator.py`
-prints both settings side by side (1.8-2.1x at batches of 1,024 and more; within noise at 64-256).
+unmaps it on free, so a step whose activations are that large page-faults all of them in again, every step: large
+evaluation and training batches of the 3-D CNNs ran markedly slower, and the resident peak barely moves with the
+memory kept, since it was in use at the peak anyway. PyTorch's CUDA caching allocator keeps GPU memory for the same
+reason. `benchmarks/allocator.py` prints both settings side by side on the box at hand.
 """
 
 from __future__ import annotations

@@ -19,9 +19,9 @@ from hslite.errors import ConfigError
 from hslite.recipe.schema import Config
 
 GB = 1e9
-# What a fit holds beyond its imports and the scene: the Trainer, the model, batches, map.png's figure. The peak RSS
-# of fit less the parts above was 0.05 and 0.15 GB for 1 and 2 GB cubes (benchmarks/scene_scaling.py, 200 bands,
-# 2-core EPYC); 0.25 GB leaves room for a larger model.
+# What a fit holds beyond its imports and the scene: the Trainer, the model, batches, map.png's figure. A choice
+# above what benchmarks/scene_scaling.py measures for the 1 and 2 GB cubes (the peak RSS of fit less the parts
+# above), leaving room for a larger model.
 RUN_ALLOWANCE_BYTES = int(0.25 * GB)
 
 

@@ -15,8 +15,8 @@ from typing import cast
 import torch
 from torch import Tensor, nn
 
+from hslite.datasets.batches.patches import PatchDataset
 from hslite.datasets.datamodule import HSIDataModule
-from hslite.datasets.patches import PatchDataset
 from hslite.models import architecture_digest, has_band_groups
 from hslite.parallel.plan import Plan
 from hslite.preflight_check.hardware.topology import Topology
@@ -32,7 +32,7 @@ def training_batches(datamodule: HSIDataModule, seed: int) -> Callable[[int], tu
     """Random batches of b training samples gathered by the datamodule's own dataset (augmentation included).
 
     The batches are flipped by a generator of their own: drawn with the dataset's, a fresh probe advanced the flips
-    training then saw, and Salinas-A's seed 0 scored 99.86 % after a fresh probe and 99.44 % after a cached one.
+    training then saw, and the same seed scored differently after a fresh probe than after a cached one.
     They are gathered by a gatherer of their own too (a shallow copy, sharing the host cube): with
     `data.gather_on_device` the probe's copy of the cube on the probed GPU goes when the probe does. Placed through
     the datamodule's gatherer, it would stay on that GPU beside rank 0's for the whole run.

@@ -14,6 +14,7 @@ from typing import Any
 from hslite.datasets.preprocess import NORMALISATIONS
 from hslite.datasets.splits import SPLIT_KINDS
 from hslite.errors import ConfigError
+from hslite.preflight_check.price.regime import DEFAULT_MIN_EFFICIENCY
 from hslite.recipe.ranges import (
     AT_LEAST_0,
     AT_LEAST_1,
@@ -158,7 +159,8 @@ class PreflightConfig:
 
     enabled: bool = True  # run the check in `hslite fit`; single-device runs skip the link measurement
     enforce: bool = True  # refuse (exit 3) a NO-GO plan; false means warn and run anyway
-    min_efficiency: float = ranged(0.5, Interval(0, 1, lo_open=True))  # GO needs ECD(N)/ECD(1) ≥ this (0.5: r ≤ 1)
+    # GO needs E = ECD(N)/ECD(1) ≥ this (0.5: r ≤ 1, communication no longer than compute)
+    min_efficiency: float = ranged(DEFAULT_MIN_EFFICIENCY, Interval(0, 1, lo_open=True))
     # topology profile to price devices that are not visible: a bundled name or a .yaml path; None means measure
     topology: str | None = None
     # GPU profile (`hslite/preflight_check/hardware/devices/`) whose roofline prices the compute of GPUs that are not

@@ -51,7 +51,7 @@ class RankSetup(pl.Callback):
 
     In a library call's own process these are set back when the call returns (`hslite.process.caller_state`).
 
-    Oversubscribed gloo runs (N processes × all cores) were up to 30× slower here and make step times meaningless;
+    Oversubscribed gloo runs (N processes × all cores) run many times slower and make step times meaningless;
     the pre-flight probe measures a rank with exactly cores ÷ N threads, so training must use the same.
     """
 

@@ -24,6 +24,7 @@ from hslite.preflight_check.measurements import Footprint, LinkModel, ProbeResul
 from hslite.preflight_check.price.candidates import candidate_plans, largest_one_device_batch
 from hslite.preflight_check.price.costmodel import Prediction, predict
 from hslite.preflight_check.price.critical import critical_params_of_verdict
+from hslite.preflight_check.price.regime import DEFAULT_MIN_EFFICIENCY
 from hslite.preflight_check.price.roofline import profile_probe, profile_reasons, roofline_summary
 
 
@@ -32,7 +33,7 @@ def run_preflight(
     probe_for: Callable[[Plan], ProbeResult],
     link_for: Callable[[Plan], LinkModel] | None = None,
     device_memory_bytes: int | Callable[[], int] | None = None,
-    min_efficiency: float = 0.5,
+    min_efficiency: float = DEFAULT_MIN_EFFICIENCY,
     max_devices: int | None = None,
     *,
     topology: Topology | None = None,
@@ -190,7 +191,7 @@ def price_from_profile(
     gather_seconds_for: Callable[[int], float],
     profile: DeviceProfile,
     topology: Topology,
-    min_efficiency: float = 0.5,
+    min_efficiency: float = DEFAULT_MIN_EFFICIENCY,
     *,
     chag_supported: bool = False,
     band_groups: int = 0,

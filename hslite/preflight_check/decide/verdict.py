@@ -16,7 +16,7 @@ from hslite.errors import ConfigError, HSLiteError
 from hslite.parallel.plan import Plan
 from hslite.preflight_check.price.chag_benefit import CHAG_ADOPT_GAIN, against_plain_dp
 from hslite.preflight_check.price.costmodel import Prediction
-from hslite.preflight_check.price.regime import LEVERS
+from hslite.preflight_check.price.regime import DEFAULT_MIN_EFFICIENCY, LEVERS
 
 NO_GO_EXIT_CODE = 3  # docs/design.md
 UNDECIDED_EXIT_CODE = 4  # the plan's devices are not here: compute not measured, so neither GO nor NO-GO
@@ -147,7 +147,9 @@ def _passes(plan: Plan, prediction: Prediction, efficiency: float, min_efficienc
     return fits and (plan.world_size == 1 or efficiency >= min_efficiency)
 
 
-def decide(requested: Plan, predictions: dict[Plan, Prediction], min_efficiency: float = 0.5) -> Verdict:
+def decide(
+    requested: Plan, predictions: dict[Plan, Prediction], min_efficiency: float = DEFAULT_MIN_EFFICIENCY
+) -> Verdict:
     """GO when `requested` fits and E ≥ min_efficiency (single-device plans only need to fit); reasons in words."""
     if requested not in predictions:
         raise ConfigError(f"no prediction for the requested plan {requested.describe()}; price it before deciding.")

@@ -27,9 +27,9 @@ CONV_EFFICIENCY = 0.64
 MEMORY_EFFICIENCY = 0.45
 # Host time eager PyTorch spends to issue one kernel (Python, dispatcher, autograd, the CUDA launch): GPU work is
 # asynchronous, so a step cannot take less than its kernels × this, the "overhead" regime of He 2022, "Making deep
-# learning go brrrr from first principles" (horace.io/brrr_intro.html). A tiny autograd op took 5.6 µs forward and
-# backward on a 2-core EPYC with no launch at all; the launch adds a few µs of host time. An estimate, not yet
-# calibrated on a GPU either; a profile's own `launch_us` overrides it.
+# learning go brrrr from first principles" (horace.io/brrr_intro.html): a few µs of Python, dispatcher and autograd
+# per op, and the launch adds a few µs of host time. An estimate, not yet calibrated on a GPU; a profile's own
+# `launch_us` overrides it.
 DEFAULT_LAUNCH_US = 10.0
 PROFILE_PREFIX = "profile:"  # a ProbeResult.device priced from a profile, not measured (roofline.profile_probe)
 _FIGURES = ("memory_gib", "memory_gbps", "fp32_tflops", "bf16_tflops", "host_gbps")

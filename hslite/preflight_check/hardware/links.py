@@ -240,7 +240,8 @@ def _measured_overlap(device: torch.device, repeats: int, group: Any) -> float:
 def _bucketed_allreduce_hooks(model: nn.Module, bucket_cap_bytes: int, group: Any) -> list[Any]:
     # DDP's reducer (Li et al., "PyTorch Distributed", VLDB 2020): parameters are bucketed in reverse order and a
     # bucket's all-reduce starts asynchronously as soon as all its gradients exist. Emulated with gradient hooks
-    # because constructing DDP imports torch._dynamo (1-2.5 s per rank here), which alone would break the budget.
+    # because constructing DDP imports torch._dynamo (seconds per rank on a small CPU), which alone would break the
+    # budget.
     buckets: list[list[nn.Parameter]] = [[]]
     for param in reversed(list(model.parameters())):
         if buckets[-1] and sum(p.numel() * p.element_size() for p in buckets[-1]) >= bucket_cap_bytes:

@@ -8,8 +8,8 @@ with the Plan's own Trainer arguments (the same strategy and ranks), timed by th
 
 The figure also holds the linear layer's own step, and with several ranks their meeting at its gradient all-reduce,
 while every plan prices its own model's step and all-reduce (the probe; its ranks timed stepping together, or the
-link model). Counted in both, 4 gloo ranks on 2 cores were priced up to 45 % over their fit
-(benchmarks/preflight_fidelity.py). So the same ranks, right after the loop, time the same layer's bare step (under
+link model). Counted in both, CPU plans were priced well over their fit (benchmarks/preflight_fidelity.py prints
+predicted against measured). So the same ranks, right after the loop, time the same layer's bare step (under
 DDP when there are several; `BareStepTimer`), and the loop's cost is the figure net of it: what Lightning, the
 metrics and the logging add around a step.
 
@@ -43,7 +43,7 @@ from hslite.parallel.timing import TrainThroughput
 from hslite.parallel.trainer.trainer_args import trainer_kwargs
 from hslite.task import HSIClassifier
 
-STEPS_PER_RANK = 40  # medians of 39 batches settle within a few percent here
+STEPS_PER_RANK = 40  # a choice: enough batches for a median that the first, slow one does not move
 BATCH_SIZE = 64  # the loop's cost hardly depends on the batch; the metrics' updates see a realistic one
 FEATURES = 8
 

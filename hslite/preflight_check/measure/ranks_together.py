@@ -3,7 +3,8 @@
 CPU ranks share more than cores: the caches and the memory bandwidth, and gloo's own threads run on the cores the
 ranks compute on, so an all-reduce that a GPU hides under backward takes a CPU rank's compute time here, and every
 collective waits for the slowest rank. Priced from one rank alone plus the ring formulas, those costs are missing
-(CPU plans came out 12-48 % fast). So the probe spawns the plan's N ranks and, in one spawn:
+(CPU plans came out fast: benchmarks/preflight_fidelity.py prints predicted against measured). So the probe spawns
+the plan's N ranks and, in one spawn:
 
 1. `contention`: each times the plain step with no process group, all at once (a barrier after warm-up) for
    `window_seconds` at least so that they overlap even when a step takes a millisecond; the slowest rank's median

@@ -134,8 +134,8 @@ def measure_steps(
             for _ in range(warmup_steps):
                 timed_step(model, optimizer, batch, precision, dev, step, scaler)
         # Each timed step gets a batch gathered just before it, as in training: stepping on one batch again and again
-        # finds its input in cache and nothing evicting the weights between steps, and timed one-device steps up to
-        # 20 % (median 11 %) faster than `hslite fit` ran them (benchmarks/preflight_fidelity.py).
+        # finds its input in cache and nothing evicting the weights between steps, and timed one-device steps faster
+        # than `hslite fit` ran them (benchmarks/preflight_fidelity.py prints predicted against measured).
         timed = [fed_step(b)]
         while len(timed) < wanted and time.monotonic() < stop_at:
             timed.append(fed_step(b))

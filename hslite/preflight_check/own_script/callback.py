@@ -32,6 +32,7 @@ from hslite.preflight_check.measurements import LinkModel
 from hslite.preflight_check.own_script.check import plan_of_trainer, preflight_module
 from hslite.preflight_check.own_script.lightning_step import batch_rows
 from hslite.preflight_check.price.candidates import candidate_plans
+from hslite.preflight_check.price.regime import DEFAULT_MIN_EFFICIENCY
 from hslite.process.caller_state import caller_state_kept
 
 
@@ -43,7 +44,7 @@ class PreflightGate(pl.Callback):
     be read early. After `setup`, `gate.verdict` holds the verdict on every rank.
     """
 
-    def __init__(self, min_efficiency: float = 0.5, *, enforce: bool = True, probe_steps: int = 5,
+    def __init__(self, min_efficiency: float = DEFAULT_MIN_EFFICIENCY, *, enforce: bool = True, probe_steps: int = 5,
                  sample_batch: Any = None) -> None:  # fmt: skip
         self.min_efficiency = min_efficiency
         self.enforce = enforce

@@ -35,6 +35,7 @@ from hslite.preflight_check.measure.probe import probe_for_plans
 from hslite.preflight_check.measure.step_counts import count_step
 from hslite.preflight_check.measurements import LinkModel
 from hslite.preflight_check.own_script.lightning_step import lightning_workload
+from hslite.preflight_check.price.regime import DEFAULT_MIN_EFFICIENCY
 
 MAX_PRICED_DEVICES = 16  # the largest box hslite is for, as for a recipe
 LOOP_CLASSES = 2  # the loop-cost stand-in's outputs: a script's own metrics are not known, so the fewest
@@ -48,7 +49,7 @@ def preflight_module(
     link_for: Callable[[Plan], LinkModel] | None = None,
     max_devices: int | None = None,
     topology: Topology | None = None,
-    min_efficiency: float = 0.5,
+    min_efficiency: float = DEFAULT_MIN_EFFICIENCY,
     probe_steps: int = 5,
     measure_loop: bool = True,
     fresh: bool = False,
@@ -115,7 +116,7 @@ def preflight_module_on_profile(
     device: str,
     topology: str,
     *,
-    min_efficiency: float = 0.5,
+    min_efficiency: float = DEFAULT_MIN_EFFICIENCY,
     fresh: bool = False,
 ) -> Verdict:
     """Price `module`'s own step on GPUs that are not here: the `device` profile's roofline, `topology`'s links.

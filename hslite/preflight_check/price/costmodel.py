@@ -30,9 +30,9 @@ if TYPE_CHECKING:
     from hslite.preflight_check.measurements import Footprint, LinkModel, ProbeResult
 
 # Quantise + dequantise (with error feedback) kernel work per fp32 gradient byte when the probe did not measure it;
-# the launches are priced apart (comm_cost.int8_hook_seconds). cpu: measured 2.5-3.8e-9 with one thread on an 8 MB
-# buffer, where the launches are a few per mille of it (2-core AVX2 CPU, torch 2.13, probe's measure_compression).
-# gpu: estimate, ~8 passes over the buffer at ~2 TB/s of HBM; measure it when it matters.
+# the launches are priced apart (comm_cost.int8_hook_seconds). cpu: the order of what the probe's
+# measure_compression times with one thread on an 8 MB buffer (it measures this box's figure whenever a plan
+# compresses). gpu: an estimate, ~8 passes over the buffer at ~2 TB/s of HBM; measure it when it matters.
 DEFAULT_COMPRESS_SECONDS_PER_BYTE = {"cpu": 3e-9, "gpu": 1e-11}
 
 

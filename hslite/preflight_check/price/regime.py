@@ -6,13 +6,17 @@
     communication-bound  communication comparable, most of it  move fewer bytes (channel groups, compression,
                          bytes on the wire:                    sharding)
 
-"≪" is a stated threshold, COMPUTE_BOUND_MAX_R, not a measured one. Torch-free.
+"≪" is a stated threshold, COMPUTE_BOUND_MAX_R, not a measured one; so is the default bar of a GO verdict,
+DEFAULT_MIN_EFFICIENCY. Torch-free.
 """
 
 from __future__ import annotations
 
 # Exposed communication below this share of compute is "≪" it: at most a tenth of the step left to gain there.
 COMPUTE_BOUND_MAX_R = 0.1
+# GO needs E = ECD(N)/ECD(1) at least this by default: N devices doing at least half of N times one device's work,
+# which is r ≤ 1, communication no longer than compute (docs/design.md, efficiency and verdict).
+DEFAULT_MIN_EFFICIENCY = 0.5
 
 LEVERS = {
     "compute-bound": "optimise the compute: AMP, fused kernels, torch.compile",
