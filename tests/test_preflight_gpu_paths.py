@@ -155,12 +155,13 @@ def fake_cuda_probe(tmp_path, monkeypatch):
     restore_cuda_math(record.defaults)  # monkeypatch cannot restore these process-wide switches
 
 
-def _probe(device: str = "cuda:0", **kwargs) -> ProbeResult:
+def _probe(device: str = "cuda:0", fresh: bool = False, **cuda_math) -> ProbeResult:
     def make_batch(b: int) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.randn(b, 4), torch.randint(0, 2, (b,))
 
-    return probe_module.probe_model(lambda: nn.Linear(4, 2), make_batch, batch_size=8, precision="32-true",
-                                    device=device, cache_key="linear", **kwargs)  # fmt: skip
+    target = probe_module.ProbeTarget(8, "32-true", device=device, **cuda_math)
+    options = probe_module.ProbeOptions(cache_key="linear", fresh=fresh)
+    return probe_module.probe_model(lambda: nn.Linear(4, 2), make_batch, target, options)
 
 
 def test_the_probe_times_the_plans_cuda_math_restores_it_and_caches_by_it(fake_cuda_probe):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from hslite.parallel.box import threads_per_process
 from hslite.parallel.plan import Plan
 from hslite.preflight_check.measure import feature_costs, step_timing
 from hslite.preflight_check.measure import probe as probe_module
-from hslite.preflight_check.measure.probe import probe_model
+from hslite.preflight_check.measure.probe import ProbeOptions, ProbeTarget, probe_model
 from hslite.preflight_check.measure.step_timing import TAIL_STEPS
 from hslite.preflight_check.measurements import ProbeResult
 
@@ -56,7 +57,9 @@ def cache_dir(tmp_path, monkeypatch):
 
 
 def test_tiny_mlp_probe_returns_sane_positive_numbers():
-    result = probe_model(linear_stack, make_batch, batch_size=8, precision="32-true", threads=1, steps=3)
+    result = probe_model(
+        linear_stack, make_batch, ProbeTarget(batch_size=8, precision="32-true", threads=1), ProbeOptions(steps=3)
+    )
     for name in ("forward_seconds", "backward_seconds", "optimizer_seconds", "data_seconds"):
         assert 0 < getattr(result, name) < 1, name
     assert result.param_count == D * H + H + H * H + H + H * C + C
@@ -77,7 +80,12 @@ def test_the_compute_model_is_fitted_to_the_steps_timed_at_the_batch_and_at_half
         return [1e-3 + 2e-5 * b, 2e-3 + 4e-5 * b, 1e-4]
 
     monkeypatch.setattr(step_timing, "timed_step", linear_in_batch)
-    result = probe_model(linear_stack, make_batch, batch_size=16, precision="32-true", threads=1, warmup=1, steps=3)
+    result = probe_model(
+        linear_stack,
+        make_batch,
+        ProbeTarget(batch_size=16, precision="32-true", threads=1),
+        ProbeOptions(warmup=1, steps=3),
+    )
     # Warm-up, then the timed steps at b, going on to TAIL_STEPS for the step-time distribution; then b/2.
     assert batches == [16] * (1 + TAIL_STEPS) + [8] * 4
     assert result.step_seconds_samples == [3e-3 + 6e-5 * 16 + 1e-4] * TAIL_STEPS
@@ -105,7 +113,12 @@ def test_every_timed_step_trains_on_a_batch_gathered_just_before_it_and_the_gath
         return [1e-3, 2e-3, 1e-4]
 
     monkeypatch.setattr(step_timing, "timed_step", recording_step)
-    result = probe_model(linear_stack, counting_batch, batch_size=16, precision="32-true", threads=1, warmup=1, steps=3)
+    result = probe_model(
+        linear_stack,
+        counting_batch,
+        ProbeTarget(batch_size=16, precision="32-true", threads=1),
+        ProbeOptions(warmup=1, steps=3),
+    )
     warm_ups = (0, 1 + TAIL_STEPS)  # one at the batch, one at half of it
     timed = [i for i in range(len(stepped)) if i not in warm_ups]
     assert len(timed) == TAIL_STEPS + 3 and len({stepped[i] for i in timed}) == len(timed)
@@ -114,7 +127,12 @@ def test_every_timed_step_trains_on_a_batch_gathered_just_before_it_and_the_gath
     assert len(gathered) == len(stepped) + 1
     assert 2e-3 <= result.data_seconds < 0.1
     b = 8
-    result = probe_model(linear_stack, make_batch, batch_size=b, precision="32-true", threads=1, warmup=0, steps=1)
+    result = probe_model(
+        linear_stack,
+        make_batch,
+        ProbeTarget(batch_size=b, precision="32-true", threads=1),
+        ProbeOptions(warmup=0, steps=1),
+    )
     # saved for backward: the input (b×D), both ReLU outputs (b×H each; the next Linear saves the same storage),
     # log-softmax output (b×C), the int64 targets and the loss's fp32 total-weight scalar. Weights are parameters.
     assert result.activation_bytes == 4 * b * (D + 2 * H + C) + 8 * b + 4
@@ -124,19 +142,24 @@ def test_cache_hit_measures_nothing_and_fresh_remeasures(cache_dir, monkeypatch)
     calls = []
     measure = probe_module.measure_steps
     monkeypatch.setattr(probe_module, "measure_steps", lambda *a, **k: calls.append(1) or measure(*a, **k))
-    kwargs = dict(batch_size=8, precision="32-true", threads=1, steps=2, cache_key="tiny-mlp")
-    first = probe_model(linear_stack, make_batch, **kwargs)
-    assert probe_model(linear_stack, make_batch, **kwargs) == first
+    target, options = (
+        ProbeTarget(batch_size=8, precision="32-true", threads=1),
+        ProbeOptions(steps=2, cache_key="tiny-mlp"),
+    )
+    first = probe_model(linear_stack, make_batch, target, options)
+    assert probe_model(linear_stack, make_batch, target, options) == first
     assert len(calls) == 1
-    probe_model(linear_stack, make_batch, fresh=True, **kwargs)
+    probe_model(linear_stack, make_batch, target, replace(options, fresh=True))
     assert len(calls) == 2
-    probe_model(linear_stack, make_batch, **{**kwargs, "batch_size": 4})  # another key measures again
+    probe_model(linear_stack, make_batch, replace(target, batch_size=4), options)  # another key measures again
     assert len(calls) == 3
 
 
 def test_threads_are_set_for_the_probe_and_restored():
     before = torch.get_num_threads()
-    result = probe_model(linear_stack, make_batch, batch_size=4, precision="32-true", threads=1, steps=1)
+    result = probe_model(
+        linear_stack, make_batch, ProbeTarget(batch_size=4, precision="32-true", threads=1), ProbeOptions(steps=1)
+    )
     assert result.threads == 1 and torch.get_num_threads() == before
     assert threads_per_process(Plan(devices=4), cores=2) == 1
     assert threads_per_process(Plan(devices=1), cores=2) == 2
@@ -144,14 +167,21 @@ def test_threads_are_set_for_the_probe_and_restored():
 
 def test_group_work_shares_token_size_and_compression_are_measured():
     result = probe_model(
-        Tokenized, make_batch, batch_size=8, precision="32-true", threads=1, steps=1,
-        band_group_sizes=[2] * 4, measure_compression=True,
-    )  # fmt: skip
+        Tokenized,
+        make_batch,
+        ProbeTarget(batch_size=8, precision="32-true", threads=1),
+        ProbeOptions(steps=1, band_group_sizes=[2] * 4, measure_compression=True),
+    )
     assert 0 < result.chag_fraction < 1 and 0 < result.tokenizer_activation_fraction < 1
     assert result.group_token_bytes_per_sample == 4 * 8 * 4  # G × D fp32 elements
     assert result.band_groups == 4 and result.compress_seconds_per_byte > 0
     with pytest.raises(ConfigError, match="has no encode_group method"):
-        probe_model(linear_stack, make_batch, batch_size=4, precision="32-true", steps=1, band_group_sizes=[2] * 4)
+        probe_model(
+            linear_stack,
+            make_batch,
+            ProbeTarget(batch_size=4, precision="32-true"),
+            ProbeOptions(steps=1, band_group_sizes=[2] * 4),
+        )
 
 
 def test_16_mixed_on_cpu_is_timed_as_lightning_runs_it_there_as_bf16_without_a_loss_scaler(monkeypatch):
@@ -162,27 +192,45 @@ def test_16_mixed_on_cpu_is_timed_as_lightning_runs_it_there_as_bf16_without_a_l
         return [1e-3, 2e-3, 1e-4]
 
     monkeypatch.setattr(step_timing, "timed_step", recording_step)
-    probe_model(linear_stack, make_batch, batch_size=8, precision="16-mixed", threads=1, warmup=1, steps=1)
+    probe_model(
+        linear_stack,
+        make_batch,
+        ProbeTarget(batch_size=8, precision="16-mixed", threads=1),
+        ProbeOptions(warmup=1, steps=1),
+    )
     assert scalers and scalers == [None] * len(scalers)
     monkeypatch.undo()
-    real = probe_model(linear_stack, make_batch, batch_size=4, precision="16-mixed", threads=1, warmup=0, steps=1)
+    real = probe_model(
+        linear_stack,
+        make_batch,
+        ProbeTarget(batch_size=4, precision="16-mixed", threads=1),
+        ProbeOptions(warmup=0, steps=1),
+    )
     assert real.precision == "16-mixed" and real.optimizer_seconds > 0
 
 
 def test_bf16_autocast_probe_runs_and_bad_precision_is_refused():
-    result = probe_model(linear_stack, make_batch, batch_size=4, precision="bf16-mixed", threads=1, steps=1)
+    result = probe_model(
+        linear_stack, make_batch, ProbeTarget(batch_size=4, precision="bf16-mixed", threads=1), ProbeOptions(steps=1)
+    )
     assert result.precision == "bf16-mixed" and result.forward_seconds > 0
     with pytest.raises(ConfigError, match="precision must be one of"):
-        probe_model(linear_stack, make_batch, batch_size=4, precision="fp8")
+        probe_model(linear_stack, make_batch, ProbeTarget(batch_size=4, precision="fp8"))
 
 
 @pytest.mark.slow
 def test_cpu_ranks_contention_is_measured_with_the_ranks_stepping_at_once():
-    result = probe_model(linear_stack, make_batch, batch_size=8, precision="32-true", threads=1, steps=2,
-                         concurrent_ranks=2)  # fmt: skip
+    result = probe_model(
+        linear_stack,
+        make_batch,
+        ProbeTarget(batch_size=8, precision="32-true", threads=1, concurrent_ranks=2),
+        ProbeOptions(steps=2),
+    )
     assert result.contention >= 1 and result.contention_ranks == 2  # never faster than alone
     assert ProbeResult.from_dict(result.to_dict()) == result
-    alone = probe_model(linear_stack, make_batch, batch_size=8, precision="32-true", threads=1, steps=1)
+    alone = probe_model(
+        linear_stack, make_batch, ProbeTarget(batch_size=8, precision="32-true", threads=1), ProbeOptions(steps=1)
+    )
     assert alone.contention is None and alone.contention_ranks == 1
 
 
@@ -197,7 +245,9 @@ def test_fsdp_overhead_is_measured_on_a_one_rank_group_and_priced_per_micro_step
     def batch(b: int) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.randn(b, 32, 1, 1), torch.randint(0, 4, (b,))
 
-    result = probe_model(factory, batch, batch_size=16, precision="32-true", measure_fsdp=True)
+    result = probe_model(
+        factory, batch, ProbeTarget(batch_size=16, precision="32-true"), ProbeOptions(measure_fsdp=True)
+    )
     assert result.fsdp_units == 2  # fc_hidden and the root
     assert result.fsdp_micro_overhead_seconds is not None and result.fsdp_optimizer_overhead_seconds is not None
     assert not torch.distributed.is_initialized()  # the probe's one-rank group is gone again
@@ -251,8 +301,12 @@ def test_ddp_and_fsdp_are_timed_with_the_plans_ranks_stepping_together_and_price
     def batch(b: int) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.randn(b, 32, 1, 1), torch.randint(0, 4, (b,))
 
-    result = probe_model(factory, batch, batch_size=16, precision="32-true", threads=1, measure_fsdp=True,
-                         concurrent_ranks=2)  # fmt: skip
+    result = probe_model(
+        factory,
+        batch,
+        ProbeTarget(batch_size=16, precision="32-true", threads=1, concurrent_ranks=2),
+        ProbeOptions(measure_fsdp=True),
+    )
     assert result.fsdp_together_seconds is not None and result.ddp_together_seconds is not None
     synced, accumulated, ddp_optimizer = result.ddp_together_seconds
     micro, optimizer = result.fsdp_together_seconds
@@ -283,8 +337,12 @@ def test_channel_groups_are_timed_with_the_ranks_stepping_together_as_the_strate
         return torch.randn(b, 32, 3, 3), torch.randint(0, 4, (b,))
 
     sizes = [stop - start for start, stop in factory().band_groups]
-    result = probe_model(factory, batch, batch_size=8, precision="32-true", threads=1, concurrent_ranks=2,
-                         band_group_sizes=sizes, rotation_groups=2)  # fmt: skip
+    result = probe_model(
+        factory,
+        batch,
+        ProbeTarget(batch_size=8, precision="32-true", threads=1, concurrent_ranks=2, rotation_groups=2),
+        ProbeOptions(band_group_sizes=sizes),
+    )
     assert result.chag_together_seconds is not None and set(result.chag_together_seconds) == {"2"}
     assert result.chag_together_rotation == 2  # timed with the plan's rotation of 2 of the 4 groups
     micro, optimizer = result.chag_together_seconds["2"]

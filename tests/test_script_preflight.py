@@ -15,7 +15,7 @@ from torch import nn
 import hslite
 from hslite.errors import ConfigError
 from hslite.parallel.plan import Plan
-from hslite.preflight_check.measure.probe import probe_model
+from hslite.preflight_check.measure.probe import ProbeOptions, ProbeTarget, probe_model
 from hslite.preflight_check.measure.step_counts import count_step
 from hslite.preflight_check.own_script.check import plan_from, plan_of_trainer
 from hslite.preflight_check.own_script.lightning_step import lightning_workload
@@ -51,8 +51,12 @@ def dict_batch(rows: int = 8) -> dict[str, torch.Tensor]:
 
 def test_the_probe_times_the_modules_own_training_step_and_optimizer(recwarn):
     workload = lightning_workload(SlowStepModule(), dict_batch())
-    result = probe_model(workload.model_factory, workload.make_batch, batch_size=8, precision="32-true", threads=1,
-                         warmup=1, steps=3, step=workload.step)  # fmt: skip
+    result = probe_model(
+        workload.model_factory,
+        workload.make_batch,
+        ProbeTarget(batch_size=8, precision="32-true", threads=1),
+        ProbeOptions(warmup=1, steps=3, step=workload.step),
+    )
     # hslite's classifier step (cross-entropy of model(x) against y, AdamW) would neither sleep nor read a dict batch
     assert result.forward_seconds >= STEP_SLEEP_SECONDS
     assert result.optimizer_bytes == 0  # SGD without momentum keeps no state; AdamW would hold twice the parameters
@@ -81,8 +85,12 @@ def test_the_probe_leaves_the_users_module_as_it_was():
     module = SlowStepModule()
     before = {k: v.clone() for k, v in module.state_dict().items()}
     workload = lightning_workload(module, dict_batch())
-    probe_model(workload.model_factory, workload.make_batch, batch_size=8, precision="32-true", threads=1, warmup=0,
-                steps=1, step=workload.step)  # fmt: skip
+    probe_model(
+        workload.model_factory,
+        workload.make_batch,
+        ProbeTarget(batch_size=8, precision="32-true", threads=1),
+        ProbeOptions(warmup=0, steps=1, step=workload.step),
+    )
     for key, value in module.state_dict().items():
         torch.testing.assert_close(value, before[key])
 
@@ -128,8 +136,12 @@ class NoStep(pl.LightningModule):
 def test_a_module_the_probe_cannot_time_is_refused_in_a_sentence(module, said):
     with pytest.raises(ConfigError, match=said):
         workload = lightning_workload(module, dict_batch())
-        probe_model(workload.model_factory, workload.make_batch, batch_size=8, precision="32-true", threads=1,
-                    warmup=0, steps=1, step=workload.step)  # fmt: skip
+        probe_model(
+            workload.model_factory,
+            workload.make_batch,
+            ProbeTarget(batch_size=8, precision="32-true", threads=1),
+            ProbeOptions(warmup=0, steps=1, step=workload.step),
+        )
 
 
 def test_the_plan_is_the_one_the_trainer_runs():

@@ -18,7 +18,7 @@ from hslite.preflight_check.decide.check_plans import run_preflight
 from hslite.preflight_check.decide.verdict import IMPLAUSIBLE_CPU_EFFICIENCY, decide
 from hslite.preflight_check.hardware.links import measure_links_for
 from hslite.preflight_check.hardware.topology import load_topology
-from hslite.preflight_check.measure.probe import probe_for_plans, probe_model
+from hslite.preflight_check.measure.probe import ProbeOptions, ProbeTarget, probe_for_plans, probe_model
 from hslite.preflight_check.measurements import LinkModel, ProbeResult
 from hslite.preflight_check.price.candidates import candidate_plans
 from hslite.preflight_check.price.costmodel import predict
@@ -114,8 +114,14 @@ def test_loop_cost_is_measured_once_per_rank_count_and_priced_into_every_plan():
 
 def test_run_preflight_with_real_cpu_probes_reports_json_and_table():
     def probe_for(plan: Plan) -> ProbeResult:  # each rank probed with the threads it would get
-        return probe_model(small_model, make_batch, batch_size=plan.batch_size, precision=plan.precision,
-                           threads=threads_per_process(plan, cores=2), warmup=1, steps=3)  # fmt: skip
+        return probe_model(
+            small_model,
+            make_batch,
+            ProbeTarget(
+                batch_size=plan.batch_size, precision=plan.precision, threads=threads_per_process(plan, cores=2)
+            ),
+            ProbeOptions(warmup=1, steps=3),
+        )
 
     requested = Plan(devices=4, accelerator="cpu", batch_size=32)
     verdict = run_preflight(requested, probe_for, lambda plan: GLOO_4_ON_2_CORES, 8 * GIB, cpu_cores=2)
@@ -321,7 +327,7 @@ def test_superlinear_cpu_efficiency_is_called_out_as_a_disturbed_probe():
 def test_end_to_end_with_real_probes_and_a_real_two_process_link(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     requested = Plan(devices=2, accelerator="cpu", batch_size=16)
-    probe_for = probe_for_plans(small_model, make_batch, cache_key="small-mlp", warmup=1, steps=2)
+    probe_for = probe_for_plans(small_model, make_batch, ProbeOptions(cache_key="small-mlp", warmup=1, steps=2))
     verdict = run_preflight(requested, probe_for, measure_links_for, 4 * GIB)
     _assert_decision_follows_the_figures(verdict, requested)
     assert Plan(accelerator="cpu", batch_size=16, accumulate=2) in verdict.predictions  # one device, same batch

@@ -27,7 +27,7 @@ from hslite.preflight_check.hardware.launcher_cuda import device_memory_bytes, f
 from hslite.preflight_check.hardware.links import measure_links_for
 from hslite.preflight_check.hardware.topology import Topology, list_topologies, load_topology
 from hslite.preflight_check.measure.fake_tensors import fake_mode
-from hslite.preflight_check.measure.probe import probe_for_plans
+from hslite.preflight_check.measure.probe import ProbeOptions, probe_for_plans
 from hslite.preflight_check.measure.step_counts import count_step
 from hslite.preflight_check.measure.timers import wall_seconds
 from hslite.preflight_check.measurements import StepCounts
@@ -129,10 +129,10 @@ def _measured(
 ) -> Verdict:
     """The plan's devices are here: probe one, measure the links (or read them from the topology), price, decide."""
     cfg, plan, topology = recipe.cfg, recipe.plan, recipe.topology
-    probe_for = probe_for_plans(recipe.model_factory, recipe.make_batch, cache_key=recipe.cache_key,
-                                fresh=cfg.preflight.fresh, steps=cfg.preflight.probe_steps,
-                                measure_compression=plan.compression_enabled, measure_fsdp=plan.fsdp,
-                                band_group_sizes=recipe.band_group_sizes)  # fmt: skip
+    options = ProbeOptions(cache_key=recipe.cache_key, fresh=cfg.preflight.fresh, steps=cfg.preflight.probe_steps,
+                           measure_compression=plan.compression_enabled, measure_fsdp=plan.fsdp,
+                           band_group_sizes=recipe.band_group_sizes)  # fmt: skip
+    probe_for = probe_for_plans(recipe.model_factory, recipe.make_batch, options)
     links_for = None if topology else (lambda p: measure_links_for(p, fresh=cfg.preflight.fresh))
     memory_bytes = None if topology else functools.partial(device_memory_bytes, plan.accelerator)
     most = max(plan.devices, min(max_devices or recipe.have, MAX_PRICED_DEVICES))

@@ -1,6 +1,6 @@
 """The pre-flight in one call: probe, measure or read the links, price every candidate plan, decide (docs/design.md).
 
-    probe_for = probe_for_plans(model_factory, make_batch, cache_key="cnn3d-indian_pines")
+    probe_for = probe_for_plans(model_factory, make_batch, ProbeOptions(cache_key="cnn3d-indian_pines"))
     verdict = run_preflight(plan, probe_for, measure_links_for, host_memory_bytes)  # or topology=load_topology(..)
     print(verdict.reasons); json.dump(verdict.to_dict(), f); sys.exit(verdict.exit_code)
 

@@ -1,7 +1,7 @@
 """What a plan's features add to the plain training step: FSDP2's own seconds and int8's kernel work per byte.
 
-Both are timed on one device by the probe when the plan uses the feature (`probe_model`'s `measure_fsdp`,
-`measure_compression`); the cost model adds them to the plain step's compute and communication.
+Both are timed on one device by the probe when the plan uses the feature (`ProbeOptions.measure_fsdp`,
+`ProbeOptions.measure_compression`); the cost model adds them to the plain step's compute and communication.
 """
 
 from __future__ import annotations

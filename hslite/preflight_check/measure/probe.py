@@ -14,6 +14,7 @@ import contextlib
 import gc
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -36,130 +37,148 @@ PROBE_FIELDS_VERSION = 8  # bump when ProbeResult gains a field or one is measur
 PROBE_DEVICE = "cuda:0"  # the one GPU a GPU plan is probed on; the launching process touches no other
 
 
-def probe_for_plans(
-    model_factory: Callable[[], nn.Module], make_batch: Callable[[int], Any], **probe_kwargs: Any
-) -> Callable[[Plan], ProbeResult]:
-    """A `probe_for` for `run_preflight`: probes at the plan's batch and precision.
+@dataclass(frozen=True)
+class ProbeTarget:
+    """Where and how one step is timed: as one rank of a plan runs it (`of_plan`), or set by hand in a test."""
 
-    GPU plans are probed on PROBE_DEVICE with the plan's TF32 and cuDNN-benchmark settings, CPU plans with the
-    threads one rank gets and with the plan's ranks stepping at once (`ranks_together.measure_together`).
-    `probe_kwargs` go to `probe_model`
-    (cache_key, fresh, steps, measure_compression, measure_fsdp, band_group_sizes, step, ...).
-    """
+    batch_size: int
+    precision: str
+    device: str = "cpu"
+    threads: int | None = None  # CPU threads while probing; None keeps the process's
+    concurrent_ranks: int = 1  # CPU: also time this many ranks stepping at once (`ranks_together.measure_together`)
+    rotation_groups: int = 0  # band groups active per step while those ranks time channel groups; 0: none
+    tf32: bool = True  # CUDA only, as Plan.tf32
+    cudnn_benchmark: bool = True  # CUDA only, as Plan.cudnn_benchmark
 
-    def probe_for(plan: Plan) -> ProbeResult:
+    @classmethod
+    def of_plan(cls, plan: Plan) -> ProbeTarget:
+        """One rank of `plan`: on PROBE_DEVICE for a GPU plan, else with the threads and company a CPU rank gets."""
         on_gpu = plan.accelerator == "gpu"
-        return probe_model(model_factory, make_batch, batch_size=plan.batch_size, precision=plan.precision,
-                           device=PROBE_DEVICE if on_gpu else "cpu",
-                           threads=None if on_gpu else threads_per_process(plan),
-                           concurrent_ranks=1 if on_gpu else plan.devices, tf32=plan.tf32,
-                           cudnn_benchmark=plan.cudnn_benchmark, rotation_groups=plan.rotation_groups,
-                           **probe_kwargs)  # fmt: skip
+        return cls(
+            plan.batch_size,
+            plan.precision,
+            device=PROBE_DEVICE if on_gpu else "cpu",
+            threads=None if on_gpu else threads_per_process(plan),
+            concurrent_ranks=1 if on_gpu else plan.devices,
+            rotation_groups=plan.rotation_groups,
+            tf32=plan.tf32,
+            cudnn_benchmark=plan.cudnn_benchmark,
+        )
 
-    return probe_for
+
+@dataclass(frozen=True)
+class ProbeOptions:
+    """What is measured beyond the plain step, for how long, and whether a cached measurement is read back."""
+
+    step: TrainingStep = CLASSIFIER_STEP  # what one step is: hslite's classifier step, or a LightningModule's own
+    warmup: int = 2
+    steps: int = 5
+    # A choice, not a measured figure: it bounds the check's wait where a step is slow (AMP on a CPU without bf16
+    # instructions); a probe cut short times fewer steps, one at each batch at least.
+    budget_seconds: float = 10.0
+    cache_key: str | None = None  # None: measured and not cached
+    fresh: bool = False  # re-measure even where a cached measurement exists
+    measure_compression: bool = False  # the int8 hook's kernel work per byte
+    measure_fsdp: bool = False  # FSDP2's own cost per step (and with several CPU ranks, FSDP's steps together)
+    band_group_sizes: list[int] | None = None  # a band-group model's groups: the tokenizer's share is measured
+
+
+def probe_for_plans(
+    model_factory: Callable[[], nn.Module], make_batch: Callable[[int], Any], options: ProbeOptions = ProbeOptions()
+) -> Callable[[Plan], ProbeResult]:
+    """A `probe_for` for `run_preflight`: probes one rank of each plan it is given (`ProbeTarget.of_plan`)."""
+    return lambda plan: probe_model(model_factory, make_batch, ProbeTarget.of_plan(plan), options)
 
 
 def probe_model(
     model_factory: Callable[[], nn.Module],
     make_batch: Callable[[int], Any],
-    *,
-    batch_size: int,
-    precision: str,
-    device: str = "cpu",
-    threads: int | None = None,
-    warmup: int = 2,
-    steps: int = 5,
-    cache_key: str | None = None,
-    fresh: bool = False,
-    measure_compression: bool = False,
-    measure_fsdp: bool = False,
-    band_group_sizes: list[int] | None = None,
-    rotation_groups: int = 0,
-    step: TrainingStep = CLASSIFIER_STEP,
-    # A choice, not a measured figure: it bounds the check's wait where a step is slow (AMP on a CPU without bf16
-    # instructions); a probe cut short times fewer steps, one at each batch at least.
-    budget_seconds: float = 10.0,
-    concurrent_ranks: int = 1,
-    tf32: bool = True,  # CUDA only, as Plan.tf32
-    cudnn_benchmark: bool = True,  # CUDA only, as Plan.cudnn_benchmark
+    target: ProbeTarget,
+    options: ProbeOptions = ProbeOptions(),
 ) -> ProbeResult:
-    """Measure one training step of `model_factory()` on one device; cached when `cache_key` is given.
+    """Measure one training step of `model_factory()` on one device; cached when `options.cache_key` is given.
 
-    The step is `step`'s: its loss on a batch of `make_batch(b)` and its optimiser (hslite's classifier step by
-    default, a LightningModule's own through `lightning_step.lightning_workload`).
-    Times are medians of `steps` after `warmup` (at `batch_size`, up to TAIL_STEPS for the step-time distribution,
-    `step_seconds_samples`), at `batch_size` and at half of it (for c0/c1); the timed loop stops early once
-    `budget_seconds` is spent. With `band_group_sizes` (a band-group model) the share of forward time
-    and of activation bytes of its per-group work (`encode_group`, which channel groups split) is measured, and
-    its outputs, summed over its calls, are the group-token size per sample. `concurrent_ranks` > 1 on
-    CPU also times that many ranks stepping at once (`ranks_together.measure_together`: how much slower the plain
-    step runs beside the others, DDP's steps over their gloo group and, with `measure_fsdp`, FSDP's), the spawned
-    processes needing the caller's `if __name__ == "__main__":` guard. On CUDA
-    every step is timed with `tf32` and `cudnn_benchmark` set as training sets them (the process's own settings
-    come back after), and the allocator's cache is emptied once measured (`_release_cuda_memory`). `fresh=True`
-    re-measures.
+    The step is `options.step`'s: its loss on a batch of `make_batch(b)` and its optimiser (hslite's classifier step
+    by default, a LightningModule's own through `own_script/lightning_step.lightning_workload`). Times are medians of
+    `steps` after `warmup` (at the target's batch, up to TAIL_STEPS for the step-time distribution,
+    `step_seconds_samples`), at that batch and at half of it (for c0/c1); the timed loop stops early once
+    `budget_seconds` is spent. With `band_group_sizes` (a band-group model) the share of forward time and of
+    activation bytes of its per-group work (`encode_group`, which channel groups split) is measured, and its outputs,
+    summed over its calls, are the group-token size per sample. `concurrent_ranks` > 1 on CPU also times that many
+    ranks stepping at once (`ranks_together.measure_together`: how much slower the plain step runs beside the
+    others, DDP's steps over their gloo group and, with `measure_fsdp`, FSDP's), the spawned processes needing the
+    caller's `if __name__ == "__main__":` guard. On CUDA every step is timed with `tf32` and `cudnn_benchmark` set
+    as training sets them (the process's own settings come back after), and the allocator's cache is emptied once
+    measured (`_release_cuda_memory`).
     """
-    if precision not in PRECISIONS:
-        raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}.")
-    if batch_size < 1 or steps < 1 or warmup < 0:
-        raise ConfigError(f"probe needs batch_size ≥ 1, steps ≥ 1, warmup ≥ 0; got {batch_size}, {steps}, {warmup}.")
-    dev = torch.device(device)
+    if target.precision not in PRECISIONS:
+        raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {target.precision!r}.")
+    if target.batch_size < 1 or options.steps < 1 or options.warmup < 0:
+        raise ConfigError(
+            f"probe needs batch_size ≥ 1, steps ≥ 1, warmup ≥ 0; got {target.batch_size}, {options.steps}, "
+            f"{options.warmup}."
+        )
+    dev = torch.device(target.device)
+    ranks_together = target.concurrent_ranks if dev.type == "cpu" else 1
     previous_threads = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
+    if target.threads is not None:
+        torch.set_num_threads(target.threads)
     key = {
-        "cache_key": cache_key,
-        "step": step.label,
-        "batch_size": batch_size,
-        "precision": precision,
+        "cache_key": options.cache_key,
+        "step": options.step.label,
+        "batch_size": target.batch_size,
+        "precision": target.precision,
         "device": device_label(dev),
         "threads": torch.get_num_threads(),
-        "measure_compression": measure_compression,
-        "measure_fsdp": measure_fsdp,
-        "band_group_sizes": band_group_sizes,
-        "rotation_groups": rotation_groups if band_group_sizes and dev.type == "cpu" and concurrent_ranks > 1 else 0,
-        "concurrent_ranks": concurrent_ranks if dev.type == "cpu" else 1,
+        "measure_compression": options.measure_compression,
+        "measure_fsdp": options.measure_fsdp,
+        "band_group_sizes": options.band_group_sizes,
+        "rotation_groups": target.rotation_groups if options.band_group_sizes and ranks_together > 1 else 0,
+        "concurrent_ranks": ranks_together if dev.type == "cpu" else 1,
         # The CPU reads neither switch, so a CPU probe is the same measurement whatever the plan says.
-        "tf32": tf32 if dev.type == "cuda" else None,
-        "cudnn_benchmark": cudnn_benchmark if dev.type == "cuda" else None,
+        "tf32": target.tf32 if dev.type == "cuda" else None,
+        "cudnn_benchmark": target.cudnn_benchmark if dev.type == "cuda" else None,
         "torch": torch.__version__,
         "allocator_keeps_memory": keeps_freed_memory(),
         "fields": PROBE_FIELDS_VERSION,
     }
     try:
-        cached = None if cache_key is None or fresh else read_cache("probe", key)
+        cached = None if options.cache_key is None or options.fresh else read_cache("probe", key)
         if cached is not None:
             return ProbeResult.from_dict(cached)
-        with _probing(dev, tf32, cudnn_benchmark):
-            deadline = time.monotonic() + budget_seconds
-            result = measure_steps(model_factory, make_batch, batch_size, precision, dev, warmup, steps, step,
-                                   deadline)  # fmt: skip
-            if measure_compression:
+        with _probing(dev, target.tf32, target.cudnn_benchmark):
+            deadline = time.monotonic() + options.budget_seconds
+            result = measure_steps(model_factory, make_batch, target.batch_size, target.precision, dev, options.warmup,
+                                   options.steps, options.step, deadline)  # fmt: skip
+            if options.measure_compression:
                 result.compress_seconds_per_byte = int8_seconds_per_byte(result.param_count, dev)
-            overhead = measure_fsdp_overhead(model_factory, make_batch(batch_size), result, step, warmup, steps) \
-                if measure_fsdp else None  # fmt: skip
+            overhead = None
+            if options.measure_fsdp:
+                overhead = measure_fsdp_overhead(model_factory, make_batch(target.batch_size), result, options.step,
+                                                 options.warmup, options.steps)  # fmt: skip
             if overhead is not None:
                 result.fsdp_micro_overhead_seconds, result.fsdp_optimizer_overhead_seconds = overhead
-            if band_group_sizes:
+            if options.band_group_sizes:
                 torch.manual_seed(0)
                 model = model_factory().to(dev).train()
-                result.chag_fraction = measure_tokenizer(result, model, make_batch, precision, dev, step)
-                result.band_group_sizes = band_group_sizes
-            if dev.type == "cpu" and concurrent_ranks > 1:
+                result.chag_fraction = measure_tokenizer(result, model, make_batch, target.precision, dev, options.step)
+                result.band_group_sizes = options.band_group_sizes
+            if ranks_together > 1:
                 alone_seconds = result.forward_seconds + result.backward_seconds + result.optimizer_seconds
-                together = measure_together(model_factory(), make_batch(batch_size), ranks=concurrent_ranks,
-                                            threads=torch.get_num_threads(), precision=precision,
-                                            alone_seconds=alone_seconds, fsdp=measure_fsdp,
-                                            band_group_sizes=band_group_sizes, rotation_groups=rotation_groups,
-                                            step=step, warmup=warmup, steps=steps)  # fmt: skip
-                result.contention, result.contention_ranks = together.contention, concurrent_ranks
+                together = measure_together(model_factory(), make_batch(target.batch_size), ranks=ranks_together,
+                                            threads=torch.get_num_threads(), precision=target.precision,
+                                            alone_seconds=alone_seconds, fsdp=options.measure_fsdp,
+                                            band_group_sizes=options.band_group_sizes,
+                                            rotation_groups=target.rotation_groups, step=options.step,
+                                            warmup=options.warmup, steps=options.steps)  # fmt: skip
+                result.contention, result.contention_ranks = together.contention, ranks_together
                 result.ddp_together_seconds = list(together.ddp)
                 result.fsdp_together_seconds = list(together.fsdp) if together.fsdp else None
                 result.chag_together_seconds = {str(c): list(t) for c, t in together.chag.items()} or None
-                result.chag_together_rotation = rotation_groups
+                result.chag_together_rotation = target.rotation_groups
     finally:
         torch.set_num_threads(previous_threads)
-    if cache_key is not None:
+    if options.cache_key is not None:
         write_cache("probe", key, result.to_dict())
     return result
 

@@ -31,7 +31,7 @@ from hslite.preflight_check.hardware.links import measure_links_for
 from hslite.preflight_check.hardware.topology import Topology, load_topology
 from hslite.preflight_check.measure.footprint import measure_footprint
 from hslite.preflight_check.measure.loop_cost import cached_step_overhead, measure_step_overhead
-from hslite.preflight_check.measure.probe import probe_for_plans
+from hslite.preflight_check.measure.probe import ProbeOptions, probe_for_plans
 from hslite.preflight_check.measure.step_counts import count_step
 from hslite.preflight_check.measurements import LinkModel
 from hslite.preflight_check.own_script.lightning_step import lightning_workload
@@ -72,9 +72,13 @@ def preflight_module(
             "module trains them through the recipes (hslite.fit(..., model=YourModel)): set chag=1, rotation_groups=0."
         )
     shardable = hasattr(type(module), "FSDP_UNITS")
-    probe_for = probe_for_plans(workload.model_factory, workload.make_batch, step=workload.step, steps=probe_steps,
-                                measure_compression=plan.compression_enabled,
-                                measure_fsdp=plan.fsdp and shardable)  # fmt: skip
+    options = ProbeOptions(
+        step=workload.step,
+        steps=probe_steps,
+        measure_compression=plan.compression_enabled,
+        measure_fsdp=plan.fsdp and shardable,
+    )
+    probe_for = probe_for_plans(workload.model_factory, workload.make_batch, options)
     if link_for is None and topology is None:
         link_for = functools.partial(measure_links_for, fresh=fresh)
     memory = None if topology else functools.partial(device_memory_bytes, plan.accelerator)
