@@ -9,7 +9,7 @@ import pytest
 
 from hslite.parallel.plan import COMPRESSIONS, Plan
 from hslite.parallel.wire_format import compressed_bytes
-from hslite.preflight_check.decide.check_plans import run_preflight
+from hslite.preflight_check.decide.check_plans import Scope, Sources, run_preflight
 from hslite.preflight_check.hardware.device_profile import DEFAULT_LAUNCH_US
 from hslite.preflight_check.measure import step_timing
 from hslite.preflight_check.measurements import LinkModel, ProbeResult
@@ -328,6 +328,8 @@ def test_every_plan_is_named_by_the_regime_that_bounds_it(link, regime):
     pred = cm.predict(gpu_plan(4), make_probe(), link, 80 * 2**30)
     assert pred.regime == regime
     assert cm.predict(gpu_plan(1), make_probe(), link, 80 * 2**30).regime == "compute-bound"  # nothing to exchange
-    verdict = run_preflight(gpu_plan(4), lambda plan: make_probe(), lambda plan: link, 80 * 2**30, amp=False)
+    verdict = run_preflight(
+        gpu_plan(4), Sources(lambda plan: make_probe(), lambda plan: link, 80 * 2**30), Scope(amp=False)
+    )
     assert {row["regime"] for row in verdict.rows if row["requested"]} == {regime}
     assert f"is {regime}: {LEVERS[regime]}" in " ".join(verdict.reasons)

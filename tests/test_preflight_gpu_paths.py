@@ -17,7 +17,7 @@ from torch import nn
 
 from hslite.parallel.cuda_math import current_cuda_math, restore_cuda_math, set_cuda_math
 from hslite.parallel.plan import Plan
-from hslite.preflight_check.decide.check_plans import run_preflight
+from hslite.preflight_check.decide.check_plans import Scope, Sources, run_preflight
 from hslite.preflight_check.hardware.launcher_cuda import device_memory_bytes
 from hslite.preflight_check.measure import probe as probe_module
 from hslite.preflight_check.measure import timers
@@ -100,8 +100,12 @@ def test_memory_is_read_once_after_the_first_probe_and_loop_measurement():
         return 5 * GIB
 
     requested = Plan(devices=2, accelerator="gpu", batch_size=32)
-    verdict = run_preflight(requested, probe_for, lambda plan: LinkModel(1e-5, 1e11), free_memory_bytes, 0.5, 2,
-                            loop_seconds_for=loop_seconds_for)  # fmt: skip
+    verdict = run_preflight(
+        requested,
+        Sources(probe_for, lambda plan: LinkModel(1e-5, 1e11), free_memory_bytes, loop_seconds_for=loop_seconds_for),
+        Scope(max_devices=2),
+        0.5,
+    )
     assert events[:4] == ["probe", "loop", "loop", "memory"]  # the ranks' and one rank's loop, then memory
     assert events.count("memory") == 1
     assert {pred.memory_budget_bytes for pred in verdict.predictions.values()} == {5 * GIB}
@@ -115,7 +119,9 @@ def test_gpu_plans_are_probed_with_their_cuda_math_and_preflight_json_records_it
         return tiny_probe(plan)
 
     requested = Plan(devices=2, accelerator="gpu", batch_size=32, tf32=False, cudnn_benchmark=False)
-    verdict = run_preflight(requested, probe_for, lambda plan: LinkModel(1e-5, 1e11), 80 * GIB, 0.5, 2)
+    verdict = run_preflight(
+        requested, Sources(probe_for, lambda plan: LinkModel(1e-5, 1e11), 80 * GIB), Scope(max_devices=2), 0.5
+    )
     assert probed and all(not p.tf32 and not p.cudnn_benchmark for p in probed)
     report = json.loads(json.dumps(verdict.to_dict()))
     assert report["requested_plan"]["tf32"] is False and report["requested_plan"]["cudnn_benchmark"] is False

@@ -14,7 +14,7 @@ from torch import nn
 from hslite.errors import ConfigError
 from hslite.parallel.box import threads_per_process
 from hslite.parallel.plan import Plan
-from hslite.preflight_check.decide.check_plans import run_preflight
+from hslite.preflight_check.decide.check_plans import Scope, Sources, run_preflight
 from hslite.preflight_check.decide.verdict import IMPLAUSIBLE_CPU_EFFICIENCY, decide
 from hslite.preflight_check.hardware.links import measure_links_for
 from hslite.preflight_check.hardware.topology import load_topology
@@ -67,19 +67,23 @@ def test_a_lone_cpu_rank_is_probed_at_the_largest_one_device_batch_and_the_ranks
         probed.append((plan.devices, plan.batch_size))
         return cpu_probe_for(plan)
 
-    run_preflight(Plan(devices=4, accelerator="cpu", batch_size=16), probe_for, lambda plan: GLOO_4_ON_2_CORES,
-                  8 * GIB, cpu_cores=2)  # fmt: skip
+    run_preflight(
+        Plan(devices=4, accelerator="cpu", batch_size=16),
+        Sources(probe_for, lambda plan: GLOO_4_ON_2_CORES, 8 * GIB, cpu_cores=2),
+    )
     # One device accumulates the 4 ranks' micro-batches: its biggest candidate is b64, not b16 extrapolated 4×.
     assert (1, 64) in probed and (4, 16) in probed and (2, 16) in probed and (1, 16) not in probed
     probed.clear()
-    run_preflight(Plan(devices=1, accelerator="cpu", batch_size=16), probe_for, lambda plan: GLOO_4_ON_2_CORES,
-                  8 * GIB, cpu_cores=2)  # fmt: skip
+    run_preflight(
+        Plan(devices=1, accelerator="cpu", batch_size=16),
+        Sources(probe_for, lambda plan: GLOO_4_ON_2_CORES, 8 * GIB, cpu_cores=2),
+    )
     assert set(probed) == {(1, 16)}  # a one-device request is probed at its own batch (each precision)
 
 
 def test_four_cpu_processes_on_two_cores_for_a_small_model_is_no_go():
     requested = Plan(devices=4, accelerator="cpu", batch_size=32)
-    verdict = run_preflight(requested, cpu_probe_for, lambda plan: GLOO_4_ON_2_CORES, 8 * GIB, cpu_cores=2)
+    verdict = run_preflight(requested, Sources(cpu_probe_for, lambda plan: GLOO_4_ON_2_CORES, 8 * GIB, cpu_cores=2))
     assert not verdict.go and verdict.exit_code == 3
     assert verdict.efficiency < 0.5
     reason = verdict.reasons[0]
@@ -102,8 +106,10 @@ def test_loop_cost_is_measured_once_per_rank_count_and_priced_into_every_plan():
     def link_for(plan: Plan) -> LinkModel:
         return GLOO_4_ON_2_CORES
 
-    bare = run_preflight(requested, cpu_probe_for, link_for, 8 * GIB, cpu_cores=2)
-    looped = run_preflight(requested, cpu_probe_for, link_for, 8 * GIB, cpu_cores=2, loop_seconds_for=loop_seconds_for)
+    bare = run_preflight(requested, Sources(cpu_probe_for, link_for, 8 * GIB, cpu_cores=2))
+    looped = run_preflight(
+        requested, Sources(cpu_probe_for, link_for, 8 * GIB, loop_seconds_for=loop_seconds_for, cpu_cores=2)
+    )
     # Each rank count measured once, however many plans share it (3 ranks cannot split 4 micro-batches: not priced).
     assert sorted(asked) == sorted({plan.devices for plan in looped.predictions}) == [1, 2, 4]
     for plan, pred in looped.predictions.items():
@@ -124,7 +130,7 @@ def test_run_preflight_with_real_cpu_probes_reports_json_and_table():
         )
 
     requested = Plan(devices=4, accelerator="cpu", batch_size=32)
-    verdict = run_preflight(requested, probe_for, lambda plan: GLOO_4_ON_2_CORES, 8 * GIB, cpu_cores=2)
+    verdict = run_preflight(requested, Sources(probe_for, lambda plan: GLOO_4_ON_2_CORES, 8 * GIB, cpu_cores=2))
     _assert_decision_follows_the_figures(verdict, requested)
     report = json.loads(json.dumps(verdict.to_dict()))
     assert report["requested"] == requested.describe() and report["decision"] == verdict.decision
@@ -172,7 +178,7 @@ def _states_dominate(plan: Plan) -> ProbeResult:  # parameters + optimiser state
 def test_plan_that_does_not_fit_is_no_go_and_fsdp_is_the_alternative():
     requested = Plan(devices=8, accelerator="gpu", batch_size=64)
     verdict = run_preflight(
-        requested, _states_dominate, topology=load_topology("nvlink_8"), device_memory_bytes=2 * GIB
+        requested, Sources(_states_dominate, device_memory_bytes=2 * GIB, topology=load_topology("nvlink_8"))
     )
     assert not verdict.go
     assert "per device but only 2.00 GiB" in verdict.reasons[0] and "FSDP" in verdict.reasons[0]
@@ -192,7 +198,7 @@ def test_plan_that_does_not_fit_is_no_go_and_fsdp_is_the_alternative():
 
 def test_activation_bound_plan_is_no_go_with_accumulation_alternative():
     requested = Plan(devices=2, accelerator="gpu", batch_size=64)
-    verdict = run_preflight(requested, synthetic_probe, lambda plan: LinkModel(1e-6, 300e9), 0.9 * GIB)
+    verdict = run_preflight(requested, Sources(synthetic_probe, lambda plan: LinkModel(1e-6, 300e9), 0.9 * GIB))
     assert not verdict.go and "activations dominate" in verdict.reasons[0]
     best = verdict.best_passing
     assert best is not None and best.batch_size < 64 and best.accumulate > 1
@@ -201,7 +207,7 @@ def test_activation_bound_plan_is_no_go_with_accumulation_alternative():
 
 def test_fast_link_multi_device_plan_is_go():
     requested = Plan(devices=8, accelerator="gpu", batch_size=64)
-    verdict = run_preflight(requested, synthetic_probe, topology=load_topology("nvlink_8"))
+    verdict = run_preflight(requested, Sources(synthetic_probe, topology=load_topology("nvlink_8")))
     assert verdict.go and verdict.efficiency >= 0.5 and "≥ 0.5" in verdict.reasons[0]
 
 
@@ -247,7 +253,7 @@ def test_decide_needs_the_requested_prediction():
 def test_two_nodes_on_a_slow_network_lose_to_one_nvlink_node():
     requested = Plan(devices=8, num_nodes=2, accelerator="gpu", batch_size=64)
     topology = load_topology("nvlink_8_100gbe_2nodes")
-    verdict = run_preflight(requested, synthetic_probe, topology=topology)
+    verdict = run_preflight(requested, Sources(synthetic_probe, topology=topology))
     assert not verdict.go and "communication exposes" in verdict.reasons[0]
     one_node = requested.with_(num_nodes=1, accumulate=2)  # same global batch on NVLink only
     assert verdict.predictions[one_node].ecd / verdict.predictions[verdict.best_single].ecd >= 0.5
@@ -277,7 +283,7 @@ def test_hybrid_sharding_keeps_fsdp_inside_a_node_and_prices_one_shard_all_reduc
     assert "parallel.fsdp=true parallel.hybrid_shard=true" in hsdp.overrides()
     assert topology.mapping_refusal(hsdp) is None and "parallel.hybrid_shard=true" in topology.mapping_refusal(fsdp)
     assert topology.node_link_for(hsdp).bandwidth_bytes_per_second == 370e9  # the shard group's link: NVLink
-    verdict = run_preflight(fsdp, synthetic_probe, topology=topology)
+    verdict = run_preflight(fsdp, Sources(synthetic_probe, topology=topology))
     priced = verdict.predictions
     assert priced[hsdp].comm_seconds < priced[fsdp].comm_seconds  # gathers on NVLink, one 1/8 shard over 100GbE
     sizes = synthetic_probe(fsdp)
@@ -298,7 +304,7 @@ def test_hybrid_sharding_keeps_fsdp_inside_a_node_and_prices_one_shard_all_reduc
 def test_per_layer_communication_across_a_slow_inter_node_link_is_refused_with_the_rule(layout, sent):
     # R = 370 / 11 ≈ 34 ≥ 4: the mapping rule keeps FSDP and channel groups inside a node, whatever they cost
     requested = Plan(devices=8, num_nodes=2, accelerator="gpu", batch_size=64).with_(**layout)
-    verdict = run_preflight(requested, synthetic_probe, topology=load_topology("nvlink_8_100gbe_2nodes"))
+    verdict = run_preflight(requested, Sources(synthetic_probe, topology=load_topology("nvlink_8_100gbe_2nodes")))
     assert verdict.go is False
     (refusal,) = [r for r in verdict.reasons if "across nodes, on a link" in r]
     assert f"sends {sent} across nodes, on a link 33.6× slower than inside a node" in refusal
@@ -317,7 +323,9 @@ def test_superlinear_cpu_efficiency_is_called_out_as_a_disturbed_probe():
         return replace(probe, **{name: 30 * getattr(probe, name) for name in times})
 
     requested = Plan(devices=2, accelerator="cpu", batch_size=32)
-    verdict = run_preflight(requested, disturbed_probe_for, lambda plan: LinkModel(1e-6, 1e10), 8 * GIB, cpu_cores=2)
+    verdict = run_preflight(
+        requested, Sources(disturbed_probe_for, lambda plan: LinkModel(1e-6, 1e10), 8 * GIB, cpu_cores=2)
+    )
     assert verdict.efficiency > 1.2 and any("implausible" in reason for reason in verdict.reasons)
 
 
@@ -328,7 +336,7 @@ def test_end_to_end_with_real_probes_and_a_real_two_process_link(tmp_path, monke
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     requested = Plan(devices=2, accelerator="cpu", batch_size=16)
     probe_for = probe_for_plans(small_model, make_batch, ProbeOptions(cache_key="small-mlp", warmup=1, steps=2))
-    verdict = run_preflight(requested, probe_for, measure_links_for, 4 * GIB)
+    verdict = run_preflight(requested, Sources(probe_for, measure_links_for, 4 * GIB))
     _assert_decision_follows_the_figures(verdict, requested)
     assert Plan(accelerator="cpu", batch_size=16, accumulate=2) in verdict.predictions  # one device, same batch
     priced = verdict.to_dict()["requested_prediction"]
@@ -352,7 +360,7 @@ def test_p_star_per_link_is_reported_beside_the_verdict(capsys):
     from hslite.preflight_check.decide.report import print_verdict
 
     requested = Plan(devices=8, accelerator="gpu", batch_size=64)
-    verdict = run_preflight(requested, synthetic_probe, topology=load_topology("nvlink_8"))
+    verdict = run_preflight(requested, Sources(synthetic_probe, topology=load_topology("nvlink_8")))
     report = verdict.to_dict()["critical_params"]
     rows = {row["link"]: row for row in report["links"]}
     assert list(rows)[0] == "topology nvlink_8, as requested" and "pcie4_8 (inside a node)" in rows
@@ -372,8 +380,11 @@ def test_channel_group_plans_are_priced_against_plain_dp_at_the_same_global_batc
                                group_token_bytes_per_sample=4 * 64 * 4, band_group_sizes=[50] * 4)  # fmt: skip
 
     requested = Plan(devices=4, accelerator="gpu", batch_size=64, chag=2)
-    verdict = run_preflight(requested, grouped, topology=load_topology("nvlink_8"), chag_supported=True, band_groups=4,
-                            amp=False)  # fmt: skip
+    verdict = run_preflight(
+        requested,
+        Sources(grouped, topology=load_topology("nvlink_8")),
+        Scope(chag_supported=True, band_groups=4, amp=False),
+    )
     rows = {row["plan"]: row for row in verdict.rows}
     row = rows[requested.describe()]
     base = Plan(devices=4, accelerator="gpu", batch_size=32)  # the pair's 64 shared samples, split over 4 DP ranks
@@ -396,8 +407,12 @@ def test_a_plan_that_does_not_fit_is_offered_accumulation_down_to_one_sample():
 
 def test_p_star_of_a_one_device_request_is_on_this_boxs_link_for_two():
     link = LinkModel(1e-4, 10e9)
-    verdict = run_preflight(Plan(accelerator="gpu", batch_size=64), synthetic_probe, lambda plan: link, 80 * 2**30, 0.5,
-                            max_devices=2)  # fmt: skip
+    verdict = run_preflight(
+        Plan(accelerator="gpu", batch_size=64),
+        Sources(synthetic_probe, lambda plan: link, 80 * 2**30),
+        Scope(max_devices=2),
+        0.5,
+    )
     report = verdict.critical_params
     first = report["links"][0]
     assert first["link"] == "this box (2 ranks, measured)" and first["alpha_seconds"] == link.alpha_seconds
@@ -408,13 +423,17 @@ def test_p_star_on_this_box_takes_the_loop_its_plans_are_priced_with():
     from hslite.preflight_check.price.formulas import critical_params, ring_allreduce_terms
 
     link, requested = LinkModel(1e-4, 100e9), Plan(devices=2, accelerator="gpu", batch_size=64)
-    free = run_preflight(requested, synthetic_probe, lambda plan: link, 80 * GIB, 0.5)
+    free = run_preflight(requested, Sources(synthetic_probe, lambda plan: link, 80 * GIB), Scope(), 0.5)
     assert free.go and free.critical_params["links"][0]["pays_for_this_model"]
     # Two ranks' loop costs 2 × 12 ms beyond one rank's 1 ms per step: more than the model's 10 ms step, so DP cannot
     # pay, and P* must not say it does beside a NO-GO plan table.
     loops = {1: 1e-3, 2: 25e-3}
-    verdict = run_preflight(requested, synthetic_probe, lambda plan: link, 80 * GIB, 0.5,
-                            loop_seconds_for=lambda plan: loops[plan.devices])  # fmt: skip
+    verdict = run_preflight(
+        requested,
+        Sources(synthetic_probe, lambda plan: link, 80 * GIB, loop_seconds_for=lambda plan: loops[plan.devices]),
+        Scope(),
+        0.5,
+    )
     report = verdict.critical_params
     here = report["links"][0]
     assert not verdict.go and here["link"] == "this box (2 ranks, measured), as requested"

@@ -20,7 +20,13 @@ from hslite.errors import ConfigError
 from hslite.parallel.box import visible_devices
 from hslite.parallel.plan import Plan
 from hslite.parallel.ranks.rank_setup import quiet_lightning
-from hslite.preflight_check.decide.check_plans import price_absent_devices, price_from_profile, run_preflight
+from hslite.preflight_check.decide.check_plans import (
+    Scope,
+    Sources,
+    price_absent_devices,
+    price_from_profile,
+    run_preflight,
+)
 from hslite.preflight_check.decide.verdict import PreflightUndecided, Verdict
 from hslite.preflight_check.hardware.device_profile import DeviceProfile, list_devices, load_device
 from hslite.preflight_check.hardware.launcher_cuda import device_memory_bytes, forked_cuda_devices
@@ -137,10 +143,17 @@ def _measured(
     memory_bytes = None if topology else functools.partial(device_memory_bytes, plan.accelerator)
     most = max(plan.devices, min(max_devices or recipe.have, MAX_PRICED_DEVICES))
     priced_devices = 1 if single_device_only else (None if topology else most)  # a topology has its own count
-    verdict = run_preflight(plan, probe_for, links_for, memory_bytes, cfg.preflight.min_efficiency, priced_devices,
-                            topology=topology, chag_supported=recipe.chag_supported,
-                            band_groups=recipe.band_groups,
-                            loop_seconds_for=recipe.loop_seconds_for, amp=not single_device_only)  # fmt: skip
+    verdict = run_preflight(
+        plan,
+        Sources(probe_for, links_for, memory_bytes, topology=topology, loop_seconds_for=recipe.loop_seconds_for),
+        Scope(
+            max_devices=priced_devices,
+            chag_supported=recipe.chag_supported,
+            band_groups=recipe.band_groups,
+            amp=not single_device_only,
+        ),
+        cfg.preflight.min_efficiency,
+    )
     if topology is not None:
         verdict.reasons.append(recipe.topology_reason)
         verdict.reasons.append(

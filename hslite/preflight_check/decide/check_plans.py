@@ -1,7 +1,7 @@
 """The pre-flight in one call: probe, measure or read the links, price every candidate plan, decide (docs/design.md).
 
     probe_for = probe_for_plans(model_factory, make_batch, ProbeOptions(cache_key="cnn3d-indian_pines"))
-    verdict = run_preflight(plan, probe_for, measure_links_for, host_memory_bytes)  # or topology=load_topology(..)
+    verdict = run_preflight(plan, Sources(probe_for, measure_links_for, host_memory_bytes))  # or topology=...
     print(verdict.reasons); json.dump(verdict.to_dict(), f); sys.exit(verdict.exit_code)
 
 Plans whose devices are not here go to `price_from_profile` when a GPU profile says what they are (compute from
@@ -12,6 +12,7 @@ Everything arrives as a Plan and plain callables; the Config is read by `hslite.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from hslite.errors import ConfigError
@@ -28,77 +29,117 @@ from hslite.preflight_check.price.regime import DEFAULT_MIN_EFFICIENCY
 from hslite.preflight_check.price.roofline import profile_probe, profile_reasons, roofline_summary
 
 
-def run_preflight(
-    requested: Plan,
-    probe_for: Callable[[Plan], ProbeResult],
-    link_for: Callable[[Plan], LinkModel] | None = None,
-    device_memory_bytes: int | Callable[[], int] | None = None,
-    min_efficiency: float = DEFAULT_MIN_EFFICIENCY,
-    max_devices: int | None = None,
-    *,
-    topology: Topology | None = None,
-    node_link_for: Callable[[Plan], LinkModel] | None = None,
-    chag_supported: bool = False,
-    band_groups: int = 0,
-    cpu_cores: int | None = None,
-    loop_seconds_for: Callable[[Plan], float] | None = None,
-    amp: bool = True,
-    probe_each_batch: bool = False,
-) -> Verdict:
-    """Probe, price every candidate and decide; the single entry point of the pre-flight check.
+@dataclass
+class Sources:
+    """Where each figure the pre-flight prices with comes from: measured on this box, or read from a profile.
 
     `probe_for(plan)` is called once per distinct (precision, accelerator, CPU ranks per node, CUDA math, rotation)
     with a one-rank plan at the requested per-device batch and the plan's tf32, cudnn_benchmark and rotation; other
-    batches come from the fitted c0 + c1·b. `probe_for_plans(factory, make_batch)` builds one (CPU ranks probed with
-    the threads they will get). `device_memory_bytes` is one device's budget (host memory for CPU plans), or a
-    callable read once, when the first plan is priced, after its probe and loop measurement: a GPU's free memory
-    depends on what they left on it (`launcher_cuda.device_memory_bytes`). `link_for(plan)` gives the data-parallel
-    link, once per distinct group: `measure_links_for` on this box, or a topology's `link_for`.
-    `loop_seconds_for(plan)` is the training loop's cost per micro-step for the plan's ranks (once per distinct
-    ranks and accelerator; `measure_step_overhead` on this box); without it the loop is not priced.
-    `topology` fills in `link_for`, `node_link_for`, `device_memory_bytes` (one device; host memory for CPU plans)
-    and `max_devices` (devices per node) when they are not given; `max_devices` otherwise defaults to the request's.
-    `amp=False` leaves AMP single-device plans out (a one-device fit on CPU need not pay for a bf16 probe).
-    `probe_each_batch` asks `probe_for` at each plan's own micro-batch: a profile prices any batch by formula,
-    where a measured probe is timed at one and extrapolated.
+    batches come from the fitted c0 + c1·b (`probe_each_batch` asks it at each plan's own micro-batch instead: a
+    profile prices any batch by formula, where a measured probe is timed at one and extrapolated).
+    `probe_for_plans(factory, make_batch)` builds one (CPU ranks probed with the threads they will get).
+    `device_memory_bytes` is one device's budget (host memory for CPU plans), or a callable read once, when the first
+    plan is priced, after its probe and loop measurement: a GPU's free memory depends on what they left on it
+    (`launcher_cuda.device_memory_bytes`). `link_for(plan)` gives the data-parallel link, once per distinct group:
+    `measure_links_for` on this box, or a topology's `link_for`; `node_link_for` the link between nodes, for channel
+    groups and hybrid sharding. `loop_seconds_for(plan)` is the training loop's cost per micro-step for the plan's
+    ranks (once per distinct ranks and accelerator; `measure_step_overhead` on this box); without it the loop is not
+    priced. `topology` fills in `link_for`, `node_link_for` and `device_memory_bytes` when they are not given.
+    `cpu_cores`: the cores CPU ranks share (None: this machine's).
     """
-    if topology is not None:
-        link_for = link_for or topology.link_for
-        node_link_for = node_link_for or topology.node_link_for
-        device_memory_bytes = device_memory_bytes or topology.device_memory_bytes
-        max_devices = max_devices or topology.gpus_per_node
-    if link_for is None or device_memory_bytes is None:
-        raise ConfigError("run_preflight needs link_for and device_memory_bytes, or a topology profile that has both.")
-    memory_source = device_memory_bytes
-    memory: list[int] = []
-    probes: dict[tuple[Any, ...], ProbeResult] = {}
-    links: dict[tuple[Any, ...], LinkModel] = {}
-    loops: dict[tuple[Any, ...], float] = {}
 
-    def loop_seconds(plan: Plan) -> float:
+    probe_for: Callable[[Plan], ProbeResult]
+    link_for: Callable[[Plan], LinkModel] | None = None
+    device_memory_bytes: int | Callable[[], int] | None = None
+    topology: Topology | None = None
+    node_link_for: Callable[[Plan], LinkModel] | None = None
+    loop_seconds_for: Callable[[Plan], float] | None = None
+    cpu_cores: int | None = None
+    probe_each_batch: bool = False
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Which plans are candidates beside the requested one.
+
+    `max_devices`: devices per node (None: the topology's, else the request's); `chag_supported` and `band_groups`:
+    the model splits into that many band groups, so channel-group plans are candidates; `amp=False` leaves AMP
+    single-device plans out (a one-device fit on CPU need not pay for a bf16 probe).
+    """
+
+    max_devices: int | None = None
+    chag_supported: bool = False
+    band_groups: int = 0
+    amp: bool = True
+
+
+def run_preflight(
+    requested: Plan, sources: Sources, scope: Scope = Scope(), min_efficiency: float = DEFAULT_MIN_EFFICIENCY
+) -> Verdict:
+    """Probe, price every candidate and decide; the single entry point of the pre-flight check."""
+    pricer = _Pricer(requested, sources)
+    topology = sources.topology
+    max_devices = scope.max_devices or (topology.gpus_per_node if topology else None) or requested.devices
+    across_nodes = topology is not None and topology.per_layer_across_nodes
+    predictions = _price_candidates(requested, pricer.price, max_devices, scope.chag_supported, across_nodes,
+                                    amp=scope.amp, band_groups=scope.band_groups)  # fmt: skip
+    verdict = decide(requested, predictions, min_efficiency)
+    verdict.critical_params = critical_params_of_verdict(requested, predictions, pricer.plan_links,
+                                                         pricer.probe_of(requested), topology, min_efficiency,
+                                                         pricer.loop_seconds)  # fmt: skip
+    return verdict
+
+
+class _Pricer:
+    """Prices plans from `sources`, asking each source once per distinct key and keeping what it said."""
+
+    def __init__(self, requested: Plan, sources: Sources) -> None:
+        topology = sources.topology
+        self.link_for = sources.link_for or (topology.link_for if topology else None)
+        self.node_link_for = sources.node_link_for or (topology.node_link_for if topology else None)
+        self.memory_source = sources.device_memory_bytes or (topology.device_memory_bytes if topology else None)
+        if self.link_for is None or self.memory_source is None:
+            raise ConfigError(
+                "run_preflight needs link_for and device_memory_bytes, or a topology profile that has both."
+            )
+        self.requested, self.sources = requested, sources
+        self.memory: int | None = None
+        self.probes: dict[tuple[Any, ...], ProbeResult] = {}
+        self.links: dict[tuple[Any, ...], LinkModel] = {}
+        self.loops: dict[tuple[Any, ...], float] = {}
+        self.plan_links: dict[Plan, LinkModel] = {}  # each priced plan's data-parallel link, for P*
+
+    def loop_seconds(self, plan: Plan) -> float:
         key = (plan.devices, plan.num_nodes, plan.accelerator)
-        if loop_seconds_for is not None and key not in loops:
-            loops[key] = loop_seconds_for(plan)
-        return loops.get(key, 0.0)
+        if self.sources.loop_seconds_for is not None and key not in self.loops:
+            self.loops[key] = self.sources.loop_seconds_for(plan)
+        return self.loops.get(key, 0.0)
 
-    def memory_bytes() -> int:
+    def memory_bytes(self) -> int:
         # Read once, when the first plan is priced: what a GPU has free depends on what its probe left there.
-        if not memory:
-            memory.append(memory_source() if callable(memory_source) else memory_source)
-        return memory[0]
+        if self.memory is None:
+            source = self.memory_source
+            self.memory = source() if callable(source) else int(source or 0)
+        return self.memory
 
-    def price(plan: Plan) -> Prediction:
+    def probe_of(self, plan: Plan) -> ProbeResult:
+        """The probe `plan` is priced from: one rank of it, at the batch the probe is timed at."""
+        requested = self.requested
         ranks_sharing_cores = plan.devices if plan.accelerator == "cpu" else 1  # sets the threads a CPU rank gets
-        probe_batch = plan.batch_size if probe_each_batch else requested.batch_size
-        if not probe_each_batch and plan.accelerator == "cpu" and plan.world_size == 1 < requested.world_size:
+        probe_batch = plan.batch_size if self.sources.probe_each_batch else requested.batch_size
+        if (
+            not self.sources.probe_each_batch
+            and plan.accelerator == "cpu"
+            and plan.world_size == 1 < requested.world_size
+        ):
             # A lone CPU rank prices only one-device candidates, up to BATCH_SCALES' 4× the requested micro-batch;
             # probed at (b, b/2) it would extrapolate the biggest of them (usually the best) fourfold.
             probe_batch = largest_one_device_batch(requested)
-        cuda_math = (plan.tf32, plan.cudnn_benchmark)
         rotation = plan.rotation_groups  # CPU ranks time their channel-group meshes with it (ranks_together.py)
-        probe_key = (plan.precision, plan.accelerator, ranks_sharing_cores, probe_batch, *cuda_math, rotation)
-        if probe_key not in probes:
-            probes[probe_key] = probe_for(
+        key = (plan.precision, plan.accelerator, ranks_sharing_cores, probe_batch, plan.tf32, plan.cudnn_benchmark,
+               rotation)  # fmt: skip
+        if key not in self.probes:
+            self.probes[key] = self.sources.probe_for(
                 Plan(
                     devices=ranks_sharing_cores,
                     accelerator=plan.accelerator,
@@ -109,47 +150,33 @@ def run_preflight(
                     rotation_groups=rotation,
                 )
             )
+        return self.probes[key]
+
+    def price(self, plan: Plan) -> Prediction:
+        probe = self.probe_of(plan)
         link_key = (plan.devices, plan.num_nodes, plan.accelerator)
-        if link_key not in links:
-            links[link_key] = link_for(plan)
+        if link_key not in self.links:
+            self.links[link_key] = self.link_for(plan)  # type: ignore[misc]
         node_link = None
-        if (plan.chag_enabled or plan.hybrid_shard) and node_link_for is not None:
-            node_link = node_link_for(plan)
+        if (plan.chag_enabled or plan.hybrid_shard) and self.node_link_for is not None:
+            node_link = self.node_link_for(plan)
         # Measured before memory is read: a one-rank loop on a GPU trains in this process.
-        ranks_loop_seconds = loop_seconds(plan)
-        alone_loop_seconds = loop_seconds(Plan(accelerator=plan.accelerator))
+        ranks_loop_seconds = self.loop_seconds(plan)
+        alone_loop_seconds = self.loop_seconds(Plan(accelerator=plan.accelerator))
         pred = predict(
             plan,
-            probes[probe_key],
-            links[link_key],
-            memory_bytes(),
+            probe,
+            self.links[link_key],
+            self.memory_bytes(),
             node_link=node_link,
-            cpu_cores=cpu_cores,
+            cpu_cores=self.sources.cpu_cores,
             loop_seconds=ranks_loop_seconds,
             alone_loop_seconds=alone_loop_seconds,
         )
+        topology = self.sources.topology
         pred.mapping_refusal = topology.mapping_refusal(plan) if topology is not None else None
-        if plan == requested:
-            priced_request.update(probe=probes[probe_key])
-        plan_links[plan] = links[link_key]
+        self.plan_links[plan] = self.links[link_key]
         return pred
-
-    priced_request: dict[str, Any] = {}  # the requested plan's probe, for P*
-    plan_links: dict[Plan, LinkModel] = {}  # each priced plan's data-parallel link, for P*
-    across_nodes = topology is not None and topology.per_layer_across_nodes
-    predictions = _price_candidates(
-        requested,
-        price,
-        max_devices or requested.devices,
-        chag_supported,
-        across_nodes,
-        amp=amp,
-        band_groups=band_groups,
-    )
-    verdict = decide(requested, predictions, min_efficiency)
-    verdict.critical_params = critical_params_of_verdict(requested, predictions, plan_links, priced_request["probe"],
-                                                         topology, min_efficiency, loop_seconds)  # fmt: skip
-    return verdict
 
 
 def price_absent_devices(
@@ -210,17 +237,10 @@ def price_from_profile(
             work[plan.precision] = (footprint_for(plan), counts_for(plan))
         return profile_probe(plan.batch_size, *work[plan.precision], profile, gather_seconds_for(plan.batch_size))
 
-    verdict = run_preflight(
-        requested,
-        probe_for,
-        device_memory_bytes=profile.memory_bytes,
-        min_efficiency=min_efficiency,
-        topology=topology,
-        chag_supported=chag_supported,
-        band_groups=band_groups,
-        loop_seconds_for=loop_seconds_for,
-        probe_each_batch=True,
-    )
+    sources = Sources(probe_for, device_memory_bytes=profile.memory_bytes, topology=topology,
+                      loop_seconds_for=loop_seconds_for, probe_each_batch=True)  # fmt: skip
+    verdict = run_preflight(requested, sources, Scope(chag_supported=chag_supported, band_groups=band_groups),
+                            min_efficiency)  # fmt: skip
     _, counts = work[requested.precision]
     verdict.compute_measured = False
     verdict.compute_profile = roofline_summary(counts, profile, requested.batch_size)

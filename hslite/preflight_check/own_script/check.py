@@ -23,7 +23,7 @@ import lightning.pytorch as pl
 from hslite.errors import ConfigError
 from hslite.parallel.box import visible_devices
 from hslite.parallel.plan import Accelerator, Compression, Plan, Precision
-from hslite.preflight_check.decide.check_plans import price_from_profile, run_preflight
+from hslite.preflight_check.decide.check_plans import Scope, Sources, price_from_profile, run_preflight
 from hslite.preflight_check.decide.verdict import Verdict
 from hslite.preflight_check.hardware.device_profile import load_device
 from hslite.preflight_check.hardware.launcher_cuda import device_memory_bytes
@@ -94,8 +94,12 @@ def preflight_module(
             unpriced_loops.append(f"{p.devices}×{p.accelerator}")
         return cached or 0.0
 
-    verdict = run_preflight(plan, probe_for, link_for, memory, min_efficiency, None if topology else most,
-                            topology=topology, loop_seconds_for=loop_seconds_for)  # fmt: skip
+    verdict = run_preflight(
+        plan,
+        Sources(probe_for, link_for, memory, topology=topology, loop_seconds_for=loop_seconds_for),
+        Scope(max_devices=None if topology else most),
+        min_efficiency,
+    )
     verdict.reasons.append(
         f"probed: {workload.step.label}'s own training_step and configure_optimizers, on batches of "
         f"{workload.batch_size} rows cycled from one batch of its data (the DataLoader itself is not timed)"
