@@ -136,6 +136,29 @@ def test_a_gpu_recipe_pins_its_batches_or_gathers_on_the_device_as_it_asks(monke
     assert device.gather_device == "cuda"
 
 
+def test_the_recipe_data_settings_are_the_datamodule_arguments_with_the_same_defaults():
+    """The recipe's `data` section reaches the datamodule by name, so the two cannot drift apart unseen."""
+    import dataclasses
+    import inspect
+
+    from hslite.recipe.build import DATAMODULE_SETTINGS
+    from hslite.recipe.schema import DataConfig
+
+    parameters = dict(inspect.signature(HSIDataModule.__init__).parameters)
+    parameters.pop("self")
+    set_by_the_run = {"seed", "pin_memory", "gather_device"}
+    assert sorted(DATAMODULE_SETTINGS) == sorted(set(parameters) - set_by_the_run)
+    recipe = {f.name: f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+              for f in dataclasses.fields(DataConfig)}  # fmt: skip
+
+    def plain(value):  # a list default in the recipe is a tuple in a signature
+        return list(value) if isinstance(value, tuple | list) else value
+
+    differing = {name: (recipe[name], parameters[name].default) for name in DATAMODULE_SETTINGS
+                 if name != "scene" and plain(recipe[name]) != plain(parameters[name].default)}  # fmt: skip
+    assert differing == {}
+
+
 def test_a_lightning_predict_pass_over_the_scene_keeps_no_index_per_pixel():
     """Lightning records a batch sampler's index lists for a whole predict pass; the scene's loader has none to keep."""
     import lightning.pytorch as pl

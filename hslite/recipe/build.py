@@ -6,7 +6,7 @@ arguments handed out here, so they stay usable from a notebook without a recipe.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import cast
 
 import numpy as np
@@ -22,7 +22,7 @@ from hslite.parallel.box import resolve_accelerator
 from hslite.parallel.channels.rotation import DEFAULT_GROUPS, RotationSchedule, check_rotation
 from hslite.parallel.deadlines import Deadlines
 from hslite.parallel.plan import Compression, Plan, Precision
-from hslite.recipe.schema import Config
+from hslite.recipe.schema import Config, DataConfig
 from hslite.task import HSIClassifier
 
 
@@ -72,6 +72,12 @@ def config_for_plan(cfg: Config, plan: Plan) -> Config:
     )
 
 
+# The data settings a datamodule takes as they are, by name: every field of the recipe's `data` section but those
+# the run reads itself. The datamodule's seed is train.seed, and where its batches go depends on the plan.
+RUN_ONLY_DATA_SETTINGS = ("gather_on_device", "host_memory_gb")
+DATAMODULE_SETTINGS = tuple(f.name for f in fields(DataConfig) if f.name not in RUN_ONLY_DATA_SETTINGS)
+
+
 def build_datamodule(cfg: Config) -> HSIDataModule:
     """The datamodule a recipe describes (plain arguments, no Config inside)."""
     d = cfg.data
@@ -82,37 +88,13 @@ def build_datamodule(cfg: Config) -> HSIDataModule:
             "data.gather_on_device=true keeps the cube in GPU memory, and this run is on CPU processes: drop it, or "
             "set parallel.accelerator=gpu."
         )
+    # GPU batches are gathered into pinned memory, so the copy up overlaps the step (batch_buffers.to_device), or on
+    # the GPU itself. Not where no GPU is here: a GPU plan is then only priced, from a device profile.
     return HSIDataModule(
-        scene=d.scene,
-        root=d.root,
-        download=d.download,
-        remove_bands=list(d.remove_bands),
-        remove_ranges_nm=[tuple(r) for r in d.remove_ranges_nm],
-        drop_water_bands=d.drop_water_bands,
-        normalisation=d.normalisation,
-        pca_components=d.pca_components,
-        patch_size=d.patch_size,
-        split=d.split,
-        train_fraction=d.train_fraction,
-        val_fraction=d.val_fraction,
-        train_per_class=d.train_per_class,
-        val_per_class=d.val_per_class,
-        block_size=d.block_size,
-        split_file=d.split_file,
-        batch_size=d.batch_size,
-        eval_batch_size=d.eval_batch_size,
-        augment=d.augment,
-        num_workers=d.num_workers,
+        **{name: getattr(d, name) for name in DATAMODULE_SETTINGS},
         seed=cfg.train.seed,
-        labels=d.labels,
-        class_names=list(d.class_names),
-        wavelengths=d.wavelengths,
-        ignore_label=d.ignore_label,
-        # GPU batches are gathered into pinned memory, so the copy up overlaps the step (batch_buffers.to_device), or on
-        # the GPU itself. Not where no GPU is here: a GPU plan is then only priced, from a device profile.
         pin_memory=on_gpu,
         gather_device="cuda" if on_gpu and d.gather_on_device else None,
-        on_disk=d.on_disk,
     )
 
 
