@@ -1,7 +1,8 @@
 """The specs of every scene hslite knows: files, shape as distributed, classes, bands and wavelengths.
 
-Files live at `<root>/<scene folder>/<original file name>`, the layout of ../shared/data; sources and checksums are
-those listed in ../shared/data/README.md (None where no trustworthy digest is known). `scenes` looks them up by name.
+Files live at `<root>/<scene folder>/<original file name>`; each file's source URL and sha256 are in its spec here
+(None where no trustworthy digest is known; data/README.md says which scenes download). `registry` looks them up by
+name.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ HOUSTON2013_CLASSES = (
     "Healthy grass", "Stressed grass", "Synthetic grass", "Trees", "Soil", "Water", "Residential", "Commercial", "Road",
     "Highway", "Railway", "Parking Lot 1", "Parking Lot 2", "Tennis Court", "Running Track",
 )  # fmt: skip
-# Labelled pixels per class of PaviaU_gt.mat and Salinas_gt.mat (counted from the files of ../shared/data), and of the
+# Labelled pixels per class of PaviaU_gt.mat and Salinas_gt.mat (counted from the EHU files), and of the
 # contest's training + test ROIs of Houston 2013: what the synthetic stand-ins copy.
 PAVIA_UNIVERSITY_CLASS_COUNTS = (6631, 18649, 2099, 3064, 1345, 5029, 1330, 3682, 947)
 SALINAS_CLASS_COUNTS = (2009, 3726, 1976, 1394, 2678, 3959, 3579, 11271, 6203, 3278, 1068, 1927, 916, 1070, 7268, 1807)
