@@ -180,8 +180,7 @@ def _priced_without_compute(recipe: RecipeParts, topology: Topology) -> Verdict:
         topology,
         f"this box has no GPU, so the {recipe.plan.describe()} plan's step time cannot be timed here (add "
         f"preflight.device=NAME, one of {', '.join(list_devices())}, to price it from that GPU's datasheet)",
-        chag_supported=recipe.chag_supported,
-        band_groups=recipe.band_groups,
+        Scope(chag_supported=recipe.chag_supported, band_groups=recipe.band_groups),
     )
     verdict.reasons.append(recipe.topology_reason)
     return verdict
@@ -212,9 +211,9 @@ def _priced_from_profile(recipe: RecipeParts, profile: DeviceProfile, topology: 
                           band_groups=recipe.band_group_sizes is not None,
                           fresh=cfg.preflight.fresh)  # fmt: skip
 
-    verdict = price_from_profile(plan, recipe.footprint_for, counts_for, gather_seconds, profile, topology,
-                                 cfg.preflight.min_efficiency, chag_supported=recipe.chag_supported,
-                                 band_groups=recipe.band_groups, loop_seconds_for=recipe.loop_seconds_for)  # fmt: skip
+    scope = Scope(chag_supported=recipe.chag_supported, band_groups=recipe.band_groups)
+    verdict = price_from_profile(plan, recipe.footprint_for, counts_for, gather_seconds, profile, topology, scope,
+                                 cfg.preflight.min_efficiency, recipe.loop_seconds_for)  # fmt: skip
     verdict.reasons.append(
         f"host work timed on this CPU with one process, which the GPU box's own CPU does instead: the batch gather "
         f"({gather_seconds(plan.batch_size) * 1e3:.3g} ms at b{plan.batch_size}) and the training loop's own cost "

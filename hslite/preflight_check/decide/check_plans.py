@@ -81,8 +81,7 @@ def run_preflight(
     topology = sources.topology
     max_devices = scope.max_devices or (topology.gpus_per_node if topology else None) or requested.devices
     across_nodes = topology is not None and topology.per_layer_across_nodes
-    predictions = _price_candidates(requested, pricer.price, max_devices, scope.chag_supported, across_nodes,
-                                    amp=scope.amp, band_groups=scope.band_groups)  # fmt: skip
+    predictions = _price_candidates(requested, pricer.price, scope, max_devices, across_nodes)
     verdict = decide(requested, predictions, min_efficiency)
     verdict.critical_params = critical_params_of_verdict(requested, predictions, pricer.plan_links,
                                                          pricer.probe_of(requested), topology, min_efficiency,
@@ -184,9 +183,7 @@ def price_absent_devices(
     footprint_for: Callable[[Plan], Footprint],
     topology: Topology,
     why_unmeasured: str,
-    *,
-    chag_supported: bool = False,
-    band_groups: int = 0,
+    scope: Scope = Scope(),
 ) -> Verdict:
     """Price a plan whose devices are not here from the model's sizes and a topology profile: links and memory only.
 
@@ -206,8 +203,7 @@ def price_absent_devices(
         pred.mapping_refusal = topology.mapping_refusal(plan)
         return pred
 
-    predictions = _price_candidates(requested, price, topology.gpus_per_node, chag_supported,
-                                    topology.per_layer_across_nodes, band_groups=band_groups)  # fmt: skip
+    predictions = _price_candidates(requested, price, scope, topology.gpus_per_node, topology.per_layer_across_nodes)
     return decide_without_compute(requested, predictions, why_unmeasured)
 
 
@@ -218,10 +214,8 @@ def price_from_profile(
     gather_seconds_for: Callable[[int], float],
     profile: DeviceProfile,
     topology: Topology,
+    scope: Scope = Scope(),
     min_efficiency: float = DEFAULT_MIN_EFFICIENCY,
-    *,
-    chag_supported: bool = False,
-    band_groups: int = 0,
     loop_seconds_for: Callable[[Plan], float] | None = None,
 ) -> Verdict:
     """Price a plan whose GPUs are not here with compute from a device profile's roofline: a full GO / NO-GO.
@@ -239,8 +233,7 @@ def price_from_profile(
 
     sources = Sources(probe_for, device_memory_bytes=profile.memory_bytes, topology=topology,
                       loop_seconds_for=loop_seconds_for, probe_each_batch=True)  # fmt: skip
-    verdict = run_preflight(requested, sources, Scope(chag_supported=chag_supported, band_groups=band_groups),
-                            min_efficiency)  # fmt: skip
+    verdict = run_preflight(requested, sources, scope, min_efficiency)
     _, counts = work[requested.precision]
     verdict.compute_measured = False
     verdict.compute_profile = roofline_summary(counts, profile, requested.batch_size)
@@ -253,24 +246,18 @@ def price_from_profile(
 
 
 def _price_candidates(
-    requested: Plan,
-    price: Callable[[Plan], Any],
-    max_devices: int,
-    chag_supported: bool,
-    per_layer_across_nodes: bool,
-    amp: bool = True,
-    band_groups: int = 0,
+    requested: Plan, price: Callable[[Plan], Any], scope: Scope, max_devices: int, per_layer_across_nodes: bool
 ) -> dict[Plan, Any]:
     """Every candidate's price; FSDP joins the candidates when the requested plan does not fit (or asks for it)."""
     requested_prediction = price(requested)
     plans = candidate_plans(
         requested,
         max_devices,
-        chag_supported=chag_supported,
-        band_groups=band_groups,
+        chag_supported=scope.chag_supported,
+        band_groups=scope.band_groups,
         include_fsdp=not requested_prediction.fits_memory or requested.fsdp,
         per_layer_across_nodes=per_layer_across_nodes,
-        amp=amp,
+        amp=scope.amp,
         down_to_one=not requested_prediction.fits_memory,
     )
     predictions = {plan: price(plan) for plan in plans if plan != requested}

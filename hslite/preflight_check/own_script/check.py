@@ -144,9 +144,11 @@ def preflight_module_on_profile(
     def counts_for(p: Plan):
         return count_step(workload.model_factory, workload.make_batch, precision=p.precision, step=workload.step)
 
-    verdict = price_from_profile(plan, footprint_for, counts_for, lambda batch_size: 0.0, profile, box,
-                                 min_efficiency, loop_seconds_for=lambda p: measure_step_overhead(
-                                     Plan(), LOOP_CLASSES, fresh=fresh))  # fmt: skip
+    def loop_seconds_for(_: Plan) -> float:
+        return measure_step_overhead(Plan(), LOOP_CLASSES, fresh=fresh)
+
+    verdict = price_from_profile(plan, footprint_for, counts_for, lambda batch_size: 0.0, profile, box, Scope(),
+                                 min_efficiency, loop_seconds_for)  # fmt: skip
     verdict.reasons.append(
         f"counted: {workload.step.label}'s own training_step and configure_optimizers on fake tensors, at "
         f"{workload.batch_size} rows per device; the batch's gather (the script's own DataLoader) is not priced"
