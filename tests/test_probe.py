@@ -354,3 +354,12 @@ def test_channel_groups_are_timed_with_the_ranks_stepping_together_as_the_strate
     for plan in (Plan(devices=2, chag=2, batch_size=8), Plan(devices=2, chag=2, batch_size=8, accumulate=2,
                                                             rotation_groups=2)):  # fmt: skip
         assert costmodel.predict(plan, result, link, 2**34).comm_seconds > 0
+
+
+def test_a_plans_probe_target_is_one_of_its_ranks():
+    gpu = ProbeTarget.of_plan(Plan(devices=4, accelerator="gpu", batch_size=32, precision="bf16-mixed", tf32=False))
+    assert (gpu.device, gpu.threads, gpu.concurrent_ranks) == (probe_module.PROBE_DEVICE, None, 1)
+    assert (gpu.batch_size, gpu.precision, gpu.tf32, gpu.cudnn_benchmark) == (32, "bf16-mixed", False, True)
+    cpu = ProbeTarget.of_plan(Plan(devices=2, batch_size=16, rotation_groups=2, chag=1))
+    assert (cpu.device, cpu.threads, cpu.concurrent_ranks) == ("cpu", threads_per_process(Plan(devices=2)), 2)
+    assert cpu.rotation_groups == 2

@@ -10,7 +10,7 @@ from rich.console import Console
 from torch import nn
 
 from hslite.parallel.plan import Plan
-from hslite.preflight_check.decide.check_plans import price_absent_devices
+from hslite.preflight_check.decide.check_plans import Scope, price_absent_devices
 from hslite.preflight_check.decide.whatif import predict_footprint
 from hslite.preflight_check.hardware.topology import Topology, load_topology
 from hslite.preflight_check.measure.footprint import measure_footprint
@@ -48,6 +48,7 @@ def test_gpu_plan_on_a_cpu_box_is_undecided_with_links_and_memory_only():
     assert any("fits" in reason for reason in verdict.reasons)
     report = verdict.to_dict()
     assert report["compute_measured"] is False and report["decision"] == "UNDECIDED"
+
     for row in report["rows"]:  # nothing that would need compute is reported, so nothing can be ranked by it
         assert not {"step_seconds", "samples_per_second", "ecd", "efficiency"} & set(row)
     assert report["rows"][0]["requested"]
@@ -55,6 +56,15 @@ def test_gpu_plan_on_a_cpu_box_is_undecided_with_links_and_memory_only():
     console = Console(record=True, width=160, file=io.StringIO())
     console.print(verdict.render_table())
     assert "link s/step" in console.export_text() and "samples/s" not in console.export_text()
+
+
+def test_the_what_if_prices_no_more_devices_than_the_scope_allows():
+    requested = Plan(devices=2, accelerator="gpu", batch_size=64)
+    topology = load_topology("nvlink_8")
+    every = price_absent_devices(requested, footprint_for, topology, "no GPU here")
+    capped = price_absent_devices(requested, footprint_for, topology, "no GPU here", Scope(max_devices=2))
+    assert max(plan.devices for plan in every.predictions) == 8
+    assert max(plan.devices for plan in capped.predictions) == 2
 
 
 def test_link_seconds_follow_the_profile_and_compression_shrinks_the_wire():

@@ -29,7 +29,7 @@ from hslite.preflight_check.price.regime import DEFAULT_MIN_EFFICIENCY
 from hslite.preflight_check.price.roofline import profile_probe, profile_reasons, roofline_summary
 
 
-@dataclass
+@dataclass(frozen=True)
 class Sources:
     """Where each figure the pre-flight prices with comes from: measured on this box, or read from a profile.
 
@@ -62,9 +62,10 @@ class Sources:
 class Scope:
     """Which plans are candidates beside the requested one.
 
-    `max_devices`: devices per node (None: the topology's, else the request's); `chag_supported` and `band_groups`:
-    the model splits into that many band groups, so channel-group plans are candidates; `amp=False` leaves AMP
-    single-device plans out (a one-device fit on CPU need not pay for a bf16 probe).
+    `max_devices`: devices per node (None: the topology's, else the request's), in measured and what-if pricing
+    alike; `chag_supported` and `band_groups`: the model splits into that many band groups, so channel-group plans
+    are candidates; `amp=False` leaves AMP single-device plans out (a one-device fit on CPU need not pay for a bf16
+    probe).
     """
 
     max_devices: int | None = None
@@ -203,7 +204,8 @@ def price_absent_devices(
         pred.mapping_refusal = topology.mapping_refusal(plan)
         return pred
 
-    predictions = _price_candidates(requested, price, scope, topology.gpus_per_node, topology.per_layer_across_nodes)
+    most = scope.max_devices or topology.gpus_per_node
+    predictions = _price_candidates(requested, price, scope, most, topology.per_layer_across_nodes)
     return decide_without_compute(requested, predictions, why_unmeasured)
 
 
