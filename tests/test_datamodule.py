@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 
 from hslite.datasets.datamodule import HSIDataModule
+from hslite.datasets.settings import DataSettings
 from hslite.datasets.splits import make_split
 from hslite.errors import DataError
 
 
-def _module(**overrides) -> HSIDataModule:
+def _module(pin_memory: bool = False, gather_device: str | None = None, **overrides) -> HSIDataModule:
     options = dict(scene="synthetic_tiny", patch_size=5, batch_size=16, eval_batch_size=100, train_fraction=0.2)
-    return HSIDataModule(**{**options, **overrides})
+    return HSIDataModule(DataSettings(**{**options, **overrides}), pin_memory=pin_memory, gather_device=gather_device)
 
 
 def test_setup_loaders_and_predict_cover_the_scene():
@@ -70,7 +73,7 @@ def test_a_disjoint_split_reused_with_a_patch_that_overlaps_is_refused(tmp_path)
 
 def test_errors_are_data_errors(tmp_path):
     with pytest.raises(DataError, match="Unknown scene"):
-        HSIDataModule(scene="nowhere")
+        HSIDataModule(DataSettings(scene="nowhere"))
     module = _module()
     with pytest.raises(DataError, match="setup"):
         module.train_dataloader()
@@ -136,27 +139,34 @@ def test_a_gpu_recipe_pins_its_batches_or_gathers_on_the_device_as_it_asks(monke
     assert device.gather_device == "cuda"
 
 
-def test_the_recipe_data_settings_are_the_datamodule_arguments_with_the_same_defaults():
-    """The recipe's `data` section reaches the datamodule by name, so the two cannot drift apart unseen."""
+def test_the_recipe_data_section_is_the_datamodule_settings_and_reaches_it_whole():
+    """One definition: the recipe's `data` section is DataSettings plus what the run reads itself, passed on whole."""
     import dataclasses
-    import inspect
 
-    from hslite.recipe.build import DATAMODULE_SETTINGS
+    from hslite.recipe.build import build_datamodule
+    from hslite.recipe.config import load_config
     from hslite.recipe.schema import DataConfig
 
-    parameters = dict(inspect.signature(HSIDataModule.__init__).parameters)
-    parameters.pop("self")
-    set_by_the_run = {"seed", "pin_memory", "gather_device"}
-    assert sorted(DATAMODULE_SETTINGS) == sorted(set(parameters) - set_by_the_run)
-    recipe = {f.name: f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
-              for f in dataclasses.fields(DataConfig)}  # fmt: skip
+    assert issubclass(DataConfig, DataSettings)
+    own = {f.name for f in dataclasses.fields(DataConfig)} - {f.name for f in dataclasses.fields(DataSettings)}
+    assert own == {"gather_on_device", "host_memory_gb"}
+    overrides = ["data.patch_size=5", "data.block_size=12", "data.split=disjoint", "data.remove_bands=[0,3]",
+                 "data.augment=true", "data.eval_batch_size=77", "data.host_memory_gb=3", "train.seed=4"]  # fmt: skip
+    cfg = load_config("quickstart", overrides)
+    datamodule = build_datamodule(cfg)
+    expected = {f.name: getattr(cfg.data, f.name) for f in dataclasses.fields(DataSettings)}
+    assert dataclasses.asdict(datamodule.settings) == expected
+    assert type(datamodule.settings) is DataSettings and datamodule.seed == 4
+    assert (expected["patch_size"], expected["block_size"], expected["remove_bands"]) == (5, 12, [0, 3])
 
-    def plain(value):  # a list default in the recipe is a tuple in a signature
-        return list(value) if isinstance(value, tuple | list) else value
 
-    differing = {name: (recipe[name], parameters[name].default) for name in DATAMODULE_SETTINGS
-                 if name != "scene" and plain(recipe[name]) != plain(parameters[name].default)}  # fmt: skip
-    assert differing == {}
+def test_settings_out_of_their_range_are_one_sentence_and_the_hyperparameters_load_weights_only(tmp_path):
+    with pytest.raises(DataError, match=r"HSIDataModule settings: patch_size=4 is out of range: must be an odd "
+                                        r"number ≥ 1\. train_fraction=1\.5 is out of range"):  # fmt: skip
+        HSIDataModule(DataSettings(patch_size=4, train_fraction=1.5))
+    module = _module(remove_bands=[1, 2])
+    torch.save(dict(module.hparams), tmp_path / "hparams.pt")  # what a checkpoint keeps of the datamodule
+    assert torch.load(tmp_path / "hparams.pt", weights_only=True) == {**dataclasses.asdict(module.settings), "seed": 0}
 
 
 def test_a_lightning_predict_pass_over_the_scene_keeps_no_index_per_pixel():

@@ -17,6 +17,7 @@ from torch.utils.data._utils.pin_memory import pin_memory
 from hslite.datasets.batches.patches import PatchDataset, PatchGatherer
 from hslite.datasets.datamodule import HSIDataModule
 from hslite.datasets.preprocess import pad_reflect
+from hslite.datasets.settings import DataSettings
 from hslite.recipe.recipe_parts import training_batches
 
 
@@ -47,7 +48,7 @@ def test_a_placed_gatherer_pickles_its_host_cube_and_is_placed_again_where_it_is
 
 
 def test_the_probes_batches_leave_the_datamodules_gatherer_on_the_host():
-    module = HSIDataModule("synthetic_tiny", patch_size=3, gather_device="cpu", augment=True)
+    module = HSIDataModule(DataSettings("synthetic_tiny", patch_size=3, augment=True), gather_device="cpu")
     module.setup("fit")
     shared = module.train_dataloader().dataset.gatherer
     shared.device = torch.device("meta")  # stands for "cuda": the cube moves there at the first gather
@@ -57,10 +58,10 @@ def test_the_probes_batches_leave_the_datamodules_gatherer_on_the_host():
 
 
 def test_a_spawned_rank_gets_the_datamodules_settings_and_no_gatherer():
-    module = HSIDataModule("synthetic_tiny", patch_size=3, gather_device="cpu")
+    module = HSIDataModule(DataSettings("synthetic_tiny", patch_size=3), gather_device="cpu")
     module.setup("fit")
     shipped = pickle.loads(pickle.dumps(module))  # what spawn sends each rank: setup() rebuilds the gatherer there
-    assert shipped._gatherer is None and shipped.patch_size == 3
+    assert shipped._gatherer is None and shipped.settings == module.settings
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ from lightning.pytorch.loggers import CSVLogger
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hslite.datasets.datamodule import HSIDataModule
+from hslite.datasets.settings import DataSettings
 from hslite.models import get_model
 from hslite.parallel.plan import Plan
 from hslite.parallel.ranks.rank_watch import RankActivity
@@ -135,9 +136,9 @@ class StepWindows(pl.Callback):
         self._close()
 
 
-def _datamodule(**overrides) -> HSIDataModule:
+def _datamodule(pin_memory: bool = False, gather_device: str | None = None, **overrides) -> HSIDataModule:
     options = dict(scene="synthetic_tiny", patch_size=3, batch_size=8, eval_batch_size=64, train_fraction=0.3)
-    return HSIDataModule(**{**options, **overrides})
+    return HSIDataModule(DataSettings(**{**options, **overrides}), pin_memory=pin_memory, gather_device=gather_device)
 
 
 def _fit(tmp_path: Path, windows: pl.Callback, accelerator: str = "cpu", **data) -> None:

@@ -17,6 +17,7 @@ from hslite.datasets.preprocess import BandNormalizer, PCAReducer, pad_reflect, 
 from hslite.datasets.scene_input import padded_input, training_spectra
 from hslite.datasets.scenes.io import open_cube
 from hslite.datasets.scenes.synthetic import write_large_scene
+from hslite.datasets.settings import DataSettings
 from hslite.errors import ConfigError, DataError
 from hslite.recipe.build import plan_from_config, prepared_datamodule
 from hslite.recipe.config import load_config
@@ -75,7 +76,7 @@ def test_on_disk_trains_on_the_same_patches_and_maps_the_same_scene(tmp_path):
     kwargs = {"labels": str(tmp_path / "gt.npy"), "pca_components": 4, "patch_size": 5, "eval_batch_size": 997}
     kwargs.update(train_fraction=0.3, val_fraction=0.2)
     held, on_disk = (
-        HSIDataModule(str(tmp_path / "cube.npy"), **kwargs, on_disk=flag) for flag in (False, True)
+        HSIDataModule(DataSettings(str(tmp_path / "cube.npy"), **kwargs, on_disk=flag)) for flag in (False, True)
     )  # fmt: skip
     for module in (held, on_disk):
         module.setup("fit")

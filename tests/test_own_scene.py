@@ -11,6 +11,7 @@ import pytest
 from hslite.cli import main
 from hslite.datasets.datamodule import HSIDataModule
 from hslite.datasets.scenes.own_scene import OwnScene, is_scene_path, split_key
+from hslite.datasets.settings import DataSettings
 from hslite.errors import ConfigError, DataError
 
 CODES = (3, 7, 9)  # the user's codes; 0 is unlabelled
@@ -86,7 +87,7 @@ def test_a_mat_variable_is_named_after_a_colon(tmp_path):
 
 
 def test_the_datamodule_pickles_the_paths_and_a_spawned_rank_rebuilds_the_same_split(own_files):
-    module = HSIDataModule(scene=str(own_files["cube"]), labels=str(own_files["labels"]), patch_size=3)
+    module = HSIDataModule(DataSettings(scene=str(own_files["cube"]), labels=str(own_files["labels"]), patch_size=3))
     module.setup("fit")
     rank = pickle.loads(pickle.dumps(module))
     assert rank._scene is None and rank.own_scene == module.own_scene

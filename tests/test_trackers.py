@@ -15,6 +15,7 @@ import torch
 from quick_fit import NO_PREFLIGHT, QUICK_FIT
 
 from hslite.datasets.datamodule import HSIDataModule
+from hslite.datasets.settings import DataSettings
 from hslite.errors import ConfigError
 from hslite.models import get_model
 from hslite.recipe.config import load_config
@@ -135,7 +136,9 @@ def test_an_unknown_logger_is_refused_naming_it_and_the_allowed_ones():
 
 def test_trainer_test_in_a_lightning_script_logs_the_test_scores():
     torch.manual_seed(0)
-    datamodule = HSIDataModule("synthetic_tiny", patch_size=3, batch_size=16, eval_batch_size=64, train_fraction=0.3)
+    datamodule = HSIDataModule(
+        DataSettings("synthetic_tiny", patch_size=3, batch_size=16, eval_batch_size=64, train_fraction=0.3)
+    )
     datamodule.setup("fit")
     model = get_model("cnn1d", in_bands=datamodule.num_bands, num_classes=datamodule.num_classes, patch_size=3)
     task = HSIClassifier(model, num_classes=datamodule.num_classes, warmup_epochs=0)

@@ -6,7 +6,7 @@ datasets that gather whole batches in one indexing op (`loaders.py` makes their 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any
 
 import lightning
@@ -21,12 +21,18 @@ from hslite.datasets.scene_input import ScenePatches, SceneTiles, held_input, tr
 from hslite.datasets.scenes.fetch import ensure_file
 from hslite.datasets.scenes.own_scene import own_scene_for
 from hslite.datasets.scenes.registry import Scene, get_scene_spec, is_synthetic, load_scene, scene_folder
+from hslite.datasets.settings import DataSettings
 from hslite.datasets.splits import Split, audit_leakage, load_split_for, make_split
 from hslite.errors import DataError
+from hslite.ranges import range_problems
 
 
 class HSIDataModule(lightning.LightningDataModule):
     """Patches of one scene for training, validation, test and a full-scene prediction pass.
+
+    `settings` says which scene and how (`DataSettings`, each field explained there):
+
+        HSIDataModule(DataSettings(scene="indian_pines", root="data", patch_size=9), seed=0)
 
     Band indices (`remove_bands`) count from 0 in the cube as distributed; `drop_water_bands` adds the scene's
     conventional water-absorption bands. Labels are zero-based (class - 1); prediction labels are -1 where unlabelled.
@@ -36,72 +42,33 @@ class HSIDataModule(lightning.LightningDataModule):
 
     def __init__(
         self,
-        scene: str,
-        root: str | None = None,
-        download: bool = False,
-        remove_bands: Sequence[int] = (),
-        remove_ranges_nm: Sequence[Sequence[float]] = (),
-        drop_water_bands: bool = True,
-        normalisation: str = "zscore",
-        pca_components: int = 0,  # 0 = no PCA
-        patch_size: int = 9,
-        split: str = "stratified",
-        train_fraction: float = 0.1,
-        val_fraction: float = 0.1,
-        train_per_class: int = 0,
-        val_per_class: int = 0,
-        block_size: int = 0,
-        split_file: str | None = None,
-        batch_size: int = 64,
-        eval_batch_size: int = 1024,
-        augment: bool = False,
-        num_workers: int = 0,
-        seed: int = 0,
-        labels: str | None = None,  # label raster of your own cube; None for a registered scene
-        class_names: Sequence[str] = (),  # your classes' names in ascending code order; () means "class <code>"
-        wavelengths: str | None = None,  # text/.npy band centres of your cube, nm; None: its header's, if any
-        ignore_label: int = 0,  # code of unlabelled pixels in `labels`
+        settings: DataSettings,
+        seed: int = 0,  # the split's and the augmentation's (a recipe's train.seed)
         pin_memory: bool = False,  # page-locked host batches, for a CUDA device; False: pageable
         gather_device: str | None = None,  # "cuda"/"cuda:N": cube on the GPU, gathered there; None: on the host
-        on_disk: bool = False,  # hold the labelled pixels' patches only, and map the scene a block at a time
     ):
         super().__init__()
+        problems = range_problems(settings)
+        if problems:
+            raise DataError(f"HSIDataModule settings: {' '.join(problems)}")
         if gather_device is not None and device_type(gather_device) not in ("cpu", "cuda"):
             raise DataError(f"gather_device must be None, 'cpu' or 'cuda[:index]'; got {gather_device!r}.")
-        if gather_device is not None and num_workers:
+        if gather_device is not None and settings.num_workers:
             raise DataError(
-                f"gather_device={gather_device!r} gathers in the training process, and num_workers={num_workers} asks "
-                "for DataLoader workers (which cannot use CUDA): set num_workers=0, or gather_device=None."
+                f"gather_device={gather_device!r} gathers in the training process, and num_workers="
+                f"{settings.num_workers} asks for DataLoader workers (which cannot use CUDA): set num_workers=0, or "
+                "gather_device=None."
             )
+        self.settings = settings
         # fail on an unknown scene name or a missing file now, not in setup; None for a registered scene
-        self.own_scene = own_scene_for(scene, labels, wavelengths, list(class_names), ignore_label)
-        self.save_hyperparameters()
-        self.scene_name = scene
-        self.root = root
-        self.download = download
-        self.remove_bands = [int(b) for b in remove_bands]
-        self.remove_ranges_nm = [tuple(r) for r in remove_ranges_nm]
-        self.drop_water_bands = drop_water_bands
-        self.normalisation = normalisation
-        self.pca_components = pca_components
-        self.patch_size = patch_size
-        self.split_kind = split
-        self.split_options: dict[str, Any] = {
-            "train_fraction": train_fraction,
-            "val_fraction": val_fraction,
-            "train_per_class": train_per_class,
-            "val_per_class": val_per_class,
-            "block_size": block_size,
-        }
-        self.split_file = split_file
-        self.batch_size = batch_size
-        self.eval_batch_size = eval_batch_size
-        self.augment = augment
-        self.num_workers = num_workers
+        self.own_scene = own_scene_for(
+            settings.scene, settings.labels, settings.wavelengths, list(settings.class_names), settings.ignore_label
+        )
+        # plain values, so a checkpoint holding them loads weights-only
+        self.save_hyperparameters({**asdict(settings), "seed": seed})
         self.seed = seed
         self.pin_memory = pin_memory
         self.gather_device = gather_device
-        self.on_disk = on_disk
         self.with_validation = False  # train on validation pixels too (`train_on_validation_too`)
         self._where: dict[str, np.ndarray] = {}  # each set's patch coordinates in the gatherer's image
         self._datasets: dict[str, PatchDataset | ScenePatches | SceneTiles] = {}
@@ -126,48 +93,49 @@ class HSIDataModule(lightning.LightningDataModule):
 
     def prepare_data(self) -> None:
         """Make sure the scene's files are present (downloading them when allowed); reads nothing."""
-        if self.own_scene is not None or is_synthetic(self.scene_name):
+        d = self.settings
+        if self.own_scene is not None or is_synthetic(d.scene):
             return
-        spec = get_scene_spec(self.scene_name)
-        folder = scene_folder(self.scene_name, self.root)
+        spec = get_scene_spec(d.scene)
+        folder = scene_folder(d.scene, d.root)
         for remote in (spec.cube_file, spec.gt_file):
-            ensure_file(remote, folder, self.download)
+            ensure_file(remote, folder, d.download)
 
     def setup(self, stage: str | None = None) -> None:
         """Load, clean, split, normalise (fitted on training pixels only), pad and wrap the scene; idempotent."""
         if self._datasets:
             return
-        own = self.own_scene
-        scene = own.load() if own else load_scene(self.scene_name, self.root, download=self.download, seed=self.seed)
-        water = get_scene_spec(self.scene_name).water_bands if self.drop_water_bands and own is None else ()
-        remove = sorted(set(self.remove_bands) | set(water))
-        wavelengths, kept = kept_bands(scene.num_bands, scene.wavelengths_nm, remove, self.remove_ranges_nm)
+        own, d = self.own_scene, self.settings
+        scene = own.load() if own else load_scene(d.scene, d.root, download=d.download, seed=self.seed)
+        water = get_scene_spec(d.scene).water_bands if d.drop_water_bands and own is None else ()
+        remove = sorted(set(d.remove_bands) | set(water))
+        wavelengths, kept = kept_bands(scene.num_bands, scene.wavelengths_nm, remove, d.remove_ranges_nm)
         split = self._load_or_make_split(scene.gt)
         # Fitted on the training pixels only; the cube is read block by block, never held whole (scene_input).
         train_pixels = training_spectra(scene.source, kept, split.train)
-        self._normaliser = BandNormalizer(self.normalisation).fit(train_pixels)
-        if self.pca_components:
-            self._pca = PCAReducer(self.pca_components).fit(self._normaliser.transform(train_pixels))
+        self._normaliser = BandNormalizer(d.normalisation).fit(train_pixels)
+        if d.pca_components:
+            self._pca = PCAReducer(d.pca_components).fit(self._normaliser.transform(train_pixels))
         device, use_kernel = self.gather_device or "cpu", self.gather_device is None  # "cpu" takes the GPU's path
-        normaliser, pca, num_bands = self._normaliser, self._pca, self.pca_components or int(kept.size)
+        normaliser, pca, num_bands = self._normaliser, self._pca, d.pca_components or int(kept.size)
 
         def transform(block: np.ndarray, first_row: int) -> np.ndarray:
             return preprocess_block(block, kept, normaliser, pca, first_row)
 
         sets = {"train": split.train, "val": split.val, "test": split.test}
-        bands_first = self.on_disk or stores_bands_first(device, use_kernel=use_kernel)
-        image, self._where = held_input(scene.source, transform, num_bands, self.patch_size, sets, self.on_disk,
+        bands_first = d.on_disk or stores_bands_first(device, use_kernel=use_kernel)
+        image, self._where = held_input(scene.source, transform, num_bands, d.patch_size, sets, d.on_disk,
                                         bands_first)  # fmt: skip
-        gatherer = PatchGatherer(image, self.patch_size, device=device, use_kernel=use_kernel, pin_memory=self.pinning,
+        gatherer = PatchGatherer(image, d.patch_size, device=device, use_kernel=use_kernel, pin_memory=self.pinning,
                                  bands_first=bands_first)  # fmt: skip
         for name, coords in sets.items():
             labels = scene.gt[coords[:, 0], coords[:, 1]] - 1
-            train = self.augment and name == "train"
+            train = d.augment and name == "train"
             self._datasets[name] = PatchDataset(gatherer, self._where[name], labels, train, self.seed)
         self._datasets["predict"] = (
-            SceneTiles(scene.source, transform, self.patch_size, scene.gt, self.eval_batch_size)
-            if self.on_disk
-            else ScenePatches(gatherer, scene.gt, self.eval_batch_size)
+            SceneTiles(scene.source, transform, d.patch_size, scene.gt, d.eval_batch_size)
+            if d.on_disk
+            else ScenePatches(gatherer, scene.gt, d.eval_batch_size)
         )
         self._scene, self._split, self._kept_bands, self._wavelengths = scene, split, kept, wavelengths
         self._gatherer = gatherer
@@ -177,8 +145,9 @@ class HSIDataModule(lightning.LightningDataModule):
 
     def input_plan(self) -> InputPlan:
         """What setup() will hold of the scene (shape, bands in, patch), from the cube's header; reads no pixels."""
-        return plan_input(self.own_scene, self.scene_name, self.remove_bands, self.remove_ranges_nm,
-                          self.drop_water_bands, self.pca_components, self.patch_size, self.on_disk)  # fmt: skip
+        d = self.settings
+        return plan_input(self.own_scene, d.scene, d.remove_bands, d.remove_ranges_nm, d.drop_water_bands,
+                          d.pca_components, d.patch_size, d.on_disk)  # fmt: skip
 
     def train_on_validation_too(self) -> None:
         """Train on the training and validation pixels (`train.refit`); normalisation and PCA stay as fitted.
@@ -190,17 +159,20 @@ class HSIDataModule(lightning.LightningDataModule):
         coords = np.concatenate([self.split.train, self.split.val])
         labels = self.scene.gt[coords[:, 0], coords[:, 1]] - 1
         where = np.concatenate([self._where["train"], self._where["val"]])  # in the patch bank with data.on_disk
-        self._datasets["train"] = PatchDataset(self._gatherer, where, labels, self.augment, self.seed)
+        self._datasets["train"] = PatchDataset(self._gatherer, where, labels, self.settings.augment, self.seed)
 
     def _load_or_make_split(self, gt: np.ndarray) -> Split:
-        if self.split_file is None:
-            return make_split(gt, self.split_kind, patch_size=self.patch_size, seed=self.seed, **self.split_options)
-        return load_split_for(self.split_file, gt, self.patch_size, self.scene_name)
+        d = self.settings
+        if d.split_file is None:
+            return make_split(gt, d.split, patch_size=d.patch_size, seed=self.seed, train_fraction=d.train_fraction,
+                              val_fraction=d.val_fraction, train_per_class=d.train_per_class,
+                              val_per_class=d.val_per_class, block_size=d.block_size)  # fmt: skip
+        return load_split_for(d.split_file, gt, d.patch_size, d.scene)
 
     def leakage_audit(self) -> dict[str, Any]:
         """`audit_leakage` of the split in use at this datamodule's patch size (metrics.json records it)."""
         scene, split = self._ready(self._scene), self._ready(self._split)
-        return audit_leakage(split, scene.gt.shape, self.patch_size)
+        return audit_leakage(split, scene.gt.shape, self.settings.patch_size)
 
     # ------------------------------------------------------------------------------------------------ loaders
     @property
@@ -212,24 +184,24 @@ class HSIDataModule(lightning.LightningDataModule):
         if not self._datasets:
             raise DataError("HSIDataModule.setup() must run before its dataloaders are requested.")
         return patch_loader(
-            self._datasets[name], batch_size, shuffle, self.num_workers, self.pinning, self.gather_device
+            self._datasets[name], batch_size, shuffle, self.settings.num_workers, self.pinning, self.gather_device
         )
 
     def train_dataloader(self) -> DataLoader:
-        """Shuffled training batches of `batch_size`."""
-        return self._loader("train", self.batch_size, shuffle=True)
+        """Shuffled training batches of `settings.batch_size`."""
+        return self._loader("train", self.settings.batch_size, shuffle=True)
 
     def val_dataloader(self) -> DataLoader:
-        """Validation batches of `eval_batch_size`, in split order."""
-        return self._loader("val", self.eval_batch_size, shuffle=False)
+        """Validation batches of `settings.eval_batch_size`, in split order."""
+        return self._loader("val", self.settings.eval_batch_size, shuffle=False)
 
     def test_dataloader(self) -> DataLoader:
-        """Test batches of `eval_batch_size`, in split order."""
-        return self._loader("test", self.eval_batch_size, shuffle=False)
+        """Test batches of `settings.eval_batch_size`, in split order."""
+        return self._loader("test", self.settings.eval_batch_size, shuffle=False)
 
     def predict_dataloader(self) -> DataLoader:
         """Every pixel of the scene in row-major order; labels are class - 1, or -1 where unlabelled."""
-        return self._loader("predict", self.eval_batch_size, shuffle=False)
+        return self._loader("predict", self.settings.eval_batch_size, shuffle=False)
 
     # --------------------------------------------------------------------------------------------- properties
     def _ready(self, value: Any) -> Any:
@@ -277,7 +249,7 @@ class HSIDataModule(lightning.LightningDataModule):
     @property
     def input_wavelengths_nm(self) -> np.ndarray | None:
         """Centres of the bands the model sees, or None when they have none (no wavelengths, or PCA components)."""
-        return None if self.pca_components else self.wavelengths_nm
+        return None if self.settings.pca_components else self.wavelengths_nm
 
     @property
     def normaliser(self) -> BandNormalizer:

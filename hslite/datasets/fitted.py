@@ -57,14 +57,15 @@ class FittedPreprocessing:
         if datamodule.own_scene is not None:
             source: dict[str, Any] = {"kind": "own", **asdict(datamodule.own_scene)}
         else:
-            root = None if datamodule.root is None else str(Path(datamodule.root).expanduser().resolve())
+            given = datamodule.settings.root
+            root = None if given is None else str(Path(given).expanduser().resolve())
             source = {"kind": "registered", "name": scene.name, "root": root, "seed": datamodule.seed}
         return cls(
             raw_bands=scene.num_bands,
             kept_bands=np.asarray(datamodule.kept_bands, dtype=np.int64),
             normaliser=datamodule.normaliser,
             pca=datamodule.pca,
-            patch_size=datamodule.patch_size,
+            patch_size=datamodule.settings.patch_size,
             class_names=list(datamodule.class_names),
             label_codes=None if scene.label_codes is None else np.asarray(scene.label_codes, dtype=np.int64),
             input_wavelengths_nm=datamodule.input_wavelengths_nm,

@@ -1,1 +1,1 @@
-"""The one layer that reads a Config: schema, ranges, build, the pre-flight gate and `parallel.plan=auto`."""
+"""The one layer that reads a Config: schema, build, the pre-flight gate and `parallel.plan=auto`."""

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from hslite.datasets.datamodule import HSIDataModule
+from hslite.datasets.settings import DataSettings
 from hslite.errors import ConfigError
 from hslite.models import get_model, has_band_groups
 from hslite.models.band_groups import spectral_band_groups
@@ -22,7 +23,7 @@ from hslite.parallel.box import resolve_accelerator
 from hslite.parallel.channels.rotation import DEFAULT_GROUPS, RotationSchedule, check_rotation
 from hslite.parallel.deadlines import Deadlines
 from hslite.parallel.plan import Compression, Plan, Precision
-from hslite.recipe.schema import Config, DataConfig
+from hslite.recipe.schema import Config
 from hslite.task import HSIClassifier
 
 
@@ -72,12 +73,6 @@ def config_for_plan(cfg: Config, plan: Plan) -> Config:
     )
 
 
-# The data settings a datamodule takes as they are, by name: every field of the recipe's `data` section but those
-# the run reads itself. The datamodule's seed is train.seed, and where its batches go depends on the plan.
-RUN_ONLY_DATA_SETTINGS = ("gather_on_device", "host_memory_gb")
-DATAMODULE_SETTINGS = tuple(f.name for f in fields(DataConfig) if f.name not in RUN_ONLY_DATA_SETTINGS)
-
-
 def build_datamodule(cfg: Config) -> HSIDataModule:
     """The datamodule a recipe describes (plain arguments, no Config inside)."""
     d = cfg.data
@@ -91,7 +86,7 @@ def build_datamodule(cfg: Config) -> HSIDataModule:
     # GPU batches are gathered into pinned memory, so the copy up overlaps the step (batch_buffers.to_device), or on
     # the GPU itself. Not where no GPU is here: a GPU plan is then only priced, from a device profile.
     return HSIDataModule(
-        **{name: getattr(d, name) for name in DATAMODULE_SETTINGS},
+        DataSettings(**{f.name: getattr(d, f.name) for f in fields(DataSettings)}),
         seed=cfg.train.seed,
         pin_memory=on_gpu,
         gather_device="cuda" if on_gpu and d.gather_on_device else None,

@@ -104,7 +104,7 @@ class RecipeParts:
         # or from data.on_disk's compact bank of labelled patches, on the CPU or the GPU): a probe of one is not
         # the price of another, nor of a scene whose image is another size.
         rows, cols = datamodule.scene.gt.shape
-        path = f"{'bank' if datamodule.on_disk else 'image'}{rows}x{cols}-{datamodule.gather_device or 'cpu'}"
+        path = f"{'bank' if datamodule.settings.on_disk else 'image'}{rows}x{cols}-{datamodule.gather_device or 'cpu'}"
         return cls(cfg, plan, classes, have, topology, here, training_batches(datamodule, cfg.train.seed), factory,
                    sizes, chag_supported,
                    f"{cfg.model.name}-{cfg.model.size}-{bands}x{patch}x{patch}-c{classes}-{path}",
