@@ -204,6 +204,7 @@ def test_scene_scaling_rows_are_each_figures_worst_run(tmp_path: Path, monkeypat
     assert not cube.exists() and not labels.exists()  # the cube is written once, measured three times, then removed
 
 
+@pytest.mark.slow
 def test_published_models_count_their_published_flops() -> None:
     """The what-if counter on the benchmark's models gives their published sizes and multiply-adds per 224² image."""
     import importlib.util

@@ -122,6 +122,7 @@ def test_channel_groups_and_rotation_through_lightning_equal_one_process(devices
             torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=f"{name} differs")
 
 
+@pytest.mark.slow
 def test_channel_groups_with_a_compressed_all_reduce_register_the_hook_and_track_plain_channel_groups():
     plain, _ = train(Plan(devices=2, chag=2, batch_size=16), epochs=1, model_name="channel_vit")
     compressed, trainer = train(

@@ -65,6 +65,7 @@ def _bound_rank(rank: int, world: int, store_path: str, out_dir: str, late: int)
     os._exit(0)  # the group is left broken on purpose; no destroy, no teardown collective
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.timeout(120)
 def test_a_fence_on_a_bound_group_goes_over_gloo_and_keeps_its_own_deadline(tmp_path):

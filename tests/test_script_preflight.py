@@ -158,6 +158,7 @@ def test_a_plan_dict_names_only_the_plans_fields():
         plan_from({"gpus": 4})
 
 
+@pytest.mark.slow
 def test_hslite_preflight_of_a_module_on_one_device_is_a_verdict(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     verdict = hslite.preflight(module=SlowStepModule(), sample_batch=dict_batch(), plan={"devices": 1})

@@ -56,6 +56,7 @@ def test_a_cpu_rank_touches_no_cuda_generator(monkeypatch):
     TrainingState({}).on_load_checkpoint(_trainer("cpu"), None, checkpoint)
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.timeout(300)
 def test_a_checkpoint_gathers_random_states_and_compression_residuals_in_one_collective(tmp_path):
