@@ -22,12 +22,13 @@ def own_cache(tmp_path, monkeypatch):
 
 def test_one_process_loop_is_measured_once_net_of_its_layers_bare_step_then_read_from_the_cache(own_cache):
     seconds = measure_step_overhead(Plan(devices=1), num_classes=16)
-    assert 0 < seconds < 1, "a linear layer's Lightning step takes milliseconds, not seconds"
+    assert 0 <= seconds < 1, "a linear layer's Lightning step takes milliseconds, not seconds"
     cached = [json.loads(path.read_text()) for path in own_cache.rglob("overhead-*.json")]
     assert len(cached) == 1
     loop, bare = cached[0]["result"]["step_seconds"], cached[0]["result"]["bare_step_seconds"]
     # The layer's own step is priced by the probe for the plan's model: the loop is what Lightning adds around it.
-    assert 0 < bare < loop and seconds == pytest.approx(loop - bare)
+    # Two medians of a few steps each: on a busy machine the loop's can come out below the bare step's, priced 0.
+    assert 0 < bare and 0 < loop and seconds == pytest.approx(max(0.0, loop - bare))
     assert measure_step_overhead(Plan(devices=1), num_classes=16) == seconds
 
 
@@ -36,12 +37,12 @@ def test_two_gloo_ranks_run_the_plans_own_ddp_loop_priced_net_of_their_bare_ddp_
     seconds = measure_step_overhead(Plan(devices=2, batch_size=8), num_classes=4)
     # Per step, not per run: two processes' start-up, gloo's rendezvous and Lightning's setup take seconds, and a
     # figure that took them in would be that large.
-    assert 0 < seconds < 1, f"{seconds:.3g} s per step of a linear layer's DDP loop"
+    assert 0 <= seconds < 1, f"{seconds:.3g} s per step of a linear layer's DDP loop"
     cached = [json.loads(path.read_text()) for path in own_cache.rglob("overhead-*.json")]
     assert len(cached) == 1 and cached[0]["key"]["ranks"] == 2
     loop, bare = cached[0]["result"]["step_seconds"], cached[0]["result"]["bare_step_seconds"]
     # The ranks met at an all-reduce in each bare DDP step, which every plan prices on its own.
-    assert 0 < bare < loop and seconds == pytest.approx(loop - bare)
+    assert 0 < bare and 0 < loop and seconds == pytest.approx(max(0.0, loop - bare))
     assert measure_step_overhead(Plan(devices=2, batch_size=8), num_classes=4) == seconds  # read back, net
 
 
