@@ -81,12 +81,12 @@ def test_preflight_fidelity_quick(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_channel_groups_benchmark_small(tmp_path: Path) -> None:
-    command = [sys.executable, "benchmarks/channel_groups.py", "--batch", "8", "--patch", "3"]
-    result = _run(command, tmp_path, timeout_seconds=540)  # three fits, each with its pre-flight: 261 s on 2 busy cores
+    command = [sys.executable, "benchmarks/channel_groups.py", "--batch", "8", "--patch", "3", "--chags", "2"]
+    result = _run(command, tmp_path, timeout_seconds=540)  # two fits, each with its pre-flight
     last = _last_line(result)
-    assert re.fullmatch(r"chag=4 activation memory: \d+% of chag=1", last), last
+    assert re.fullmatch(r"chag=2 activation memory: \d+% of chag=1", last), last
     rows = [line.split() for line in result.stdout.splitlines() if re.match(r"^\s+[124]\s+\d", line)]
-    assert [row[0] for row in rows] == ["1", "2", "4"]
+    assert [row[0] for row in rows] == ["1", "2"]
     for _, predicted, measured, error, *_ in rows:  # the error column is what the step columns beside it say
         assert abs(int(error.rstrip("%")) - 100 * (float(predicted) - float(measured)) / float(measured)) <= 2
     assert all(row[6] == row[7] for row in rows)  # predicted and measured all-gathered bytes agree
