@@ -164,6 +164,7 @@ def test_amp_plan_trains_in_bf16_and_tracks_fp32():
         assert cosine > 0.9, f"{name}: bf16 updates point elsewhere than fp32's (cosine {cosine:.3f})"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_the_progress_bar_on_rank_zero_does_not_deadlock_the_epoch_end_metrics():
     # The rich bar reads the logged metrics on rank 0 alone; a value logged with sync_dist would be all-reduced there

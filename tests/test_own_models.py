@@ -145,6 +145,7 @@ def test_an_installed_package_model_is_listed_and_trained_by_name(tmp_path):
     assert "name: spectral_mlp" in (run / "config.yaml").read_text()
 
 
+@pytest.mark.slow
 def test_an_entry_point_that_fails_to_import_is_one_sentence_and_hides_no_other_model(tmp_path):
     env = _installed(tmp_path, "[hslite.models]\nghost = not_installed_module:Ghost\n")
     listed = _cli(env, "models", cwd=tmp_path)
