@@ -53,6 +53,57 @@ def test_recipe_can_come_from_overrides_and_yaml_path(tmp_path):
     assert cfg.train.max_epochs == 7 and cfg.recipe == "mine"
 
 
+WHEN_SPLIT = """
+model:
+  name: ssftt
+data:
+  patch_size: 13
+when_split:
+  disjoint:
+    model: {name: cnn1d}
+    data: {patch_size: 1}
+"""
+
+
+def test_when_split_applies_for_its_split_only_and_the_command_line_wins(tmp_path):
+    path = tmp_path / "protocols.yaml"
+    path.write_text(WHEN_SPLIT)
+    plain = load_config(str(path))
+    assert (plain.model.name, plain.data.patch_size) == ("ssftt", 13)
+    disjoint = load_config(str(path), ["data.split=disjoint"])
+    assert (disjoint.model.name, disjoint.data.patch_size) == ("cnn1d", 1)
+    chosen = load_config(str(path), ["data.split=disjoint", "model.name=hybridsn"])
+    assert (chosen.model.name, chosen.data.patch_size) == ("hybridsn", 1)
+    last = load_config(str(path), ["data.split=disjoint", "data.split=stratified"])
+    assert last.model.name == "ssftt"  # the last data.split, as for every other key
+    path.write_text(WHEN_SPLIT.replace("  patch_size: 13", "  patch_size: 13\n  split: disjoint"))
+    assert load_config(str(path)).model.name == "cnn1d"  # the recipe's own split chooses too
+
+
+def test_indian_pines_1gpu_trains_pixels_on_disjoint_blocks():
+    cfg = load_config("indian_pines_1gpu", ["data.split=disjoint"])
+    assert (cfg.model.name, cfg.data.patch_size, cfg.data.pca_components, cfg.train.refit) == ("cnn1d", 1, 0, True)
+    assert cfg.data.block_size == 20  # the recipe's blocks, whichever model
+    assert load_config("indian_pines_1gpu").model.name == "ssftt"
+
+
+@pytest.mark.parametrize(
+    ("section", "says"),
+    [
+        ("when_split: [disjoint]", "must map a split kind"),
+        ("when_split:\n  blocks: {model: {name: cnn1d}}", "'blocks' is not a split kind"),
+        ("when_split:\n  disjoint: {data: {split: count}}", "sets data.split"),
+        ("when_split:\n  disjoint: {model: cnn1d}", "section 'model' must be a mapping"),
+        ("when_split:\n  disjoint: {model: {nmae: cnn1d}}", "when_split.disjoint: unknown key 'model.nmae'"),
+    ],
+)
+def test_bad_when_split_says_what_and_where(tmp_path, section, says):
+    path = tmp_path / "bad.yaml"
+    path.write_text(section + "\n")
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        load_config(str(path), ["data.split=disjoint"])
+
+
 def test_override_values_are_typed():
     cfg = load_config(None, ["data.remove_ranges_nm=[[1340,1450]]", "data.root=null", "train.lr=0.01"])
     assert cfg.data.remove_ranges_nm == [[1340.0, 1450.0]]

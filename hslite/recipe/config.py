@@ -1,7 +1,13 @@
 """Recipe loading and `key=value` overrides, onto the schema of `recipe.schema`.
 
-Precedence, lowest to highest: the schema's defaults < the recipe file < command-line `key=value` overrides.
-Recipes are YAML files read with `yaml.safe_load`, merged and type-checked by OmegaConf against the schema.
+Precedence, lowest to highest: the schema's defaults < the recipe file < the recipe's `when_split` section for the
+run's `data.split` < command-line `key=value` overrides. Recipes are YAML files read with `yaml.safe_load`, merged and
+type-checked by OmegaConf against the schema.
+
+`when_split` holds what a scene's best settings change with the evaluation protocol: on spatially disjoint blocks a
+wide patch learns the training fields themselves and does not carry to unseen ones (Nalepa et al., "Validating
+hyperspectral image segmentation", IEEE GRSL 2019), so a recipe may name a narrower model there. The command line
+still wins, and the run's config.yaml holds the settings that ran.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, InterpolationResolutionError, OmegaConfBaseException
 
+from hslite.datasets.splits import SPLIT_KINDS
 from hslite.errors import ConfigError
 from hslite.recipe.schema import Config, check_config, valid_keys
 
@@ -134,7 +141,10 @@ def parse_overrides(items: list[str]) -> list[tuple[str, str]]:
 
 
 def load_config(recipe: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Defaults < recipe < overrides, type- and range-checked; `recipe=NAME` may also come in overrides."""
+    """Defaults < recipe < its `when_split` for the run's split < overrides, type- and range-checked.
+
+    `recipe=NAME` may also come in overrides.
+    """
     pairs = parse_overrides(list(overrides))
     named = [str(text_value(v)) for k, v in pairs if k == "recipe"]
     recipe = (named[-1] if named else recipe) or "quickstart"  # the last one, as for every other key
@@ -148,15 +158,14 @@ def load_config(recipe: str | None = None, overrides: list[str] | tuple[str, ...
         raise ConfigError(f"recipe {path} is not valid YAML: {err}") from None
     if not isinstance(body, dict):
         raise ConfigError(f"recipe {path} must be a mapping of sections, got {type(body).__name__}.")
-    sections = [f.name for f in fields(Config) if is_dataclass(f.default_factory)]
-    flat = [name for name in sections if name in body and not isinstance(body[name], dict)]
-    if flat:
-        raise ConfigError(
-            f"recipe {path}: section {flat[0]!r} must be a mapping of keys (e.g. `{flat[0]}:` then indented "
-            f"`key: value` lines), got {body[flat[0]]!r}."
-        )
+    _check_sections(body, f"recipe {path}")
+    when_split = _when_split(body.pop("when_split", None), path)
     body.setdefault("recipe", path.stem)  # a run's config.yaml keeps the recipe it was made from
     cfg = _merge(cfg, OmegaConf.create(body), f"recipe {path.name}")
+    named_splits = [text_value(v) for k, v in pairs if k == "data.split"]
+    split = named_splits[-1] if named_splits else cfg.data.split
+    if split in when_split:
+        cfg = _merge(cfg, OmegaConf.create(when_split[split]), f"recipe {path.name}, when_split.{split}")
     for key, value in pairs:
         if key not in valid_keys():
             raise ConfigError(f"unknown key {key!r}.{_closest_keys(key)}")
@@ -169,6 +178,37 @@ def load_config(recipe: str | None = None, overrides: list[str] | tuple[str, ...
             "write the value itself."
         ) from None
     return check_config(resolved)  # type: ignore[arg-type]
+
+
+def _check_sections(body: dict[str, Any], where: str) -> None:
+    sections = [f.name for f in fields(Config) if is_dataclass(f.default_factory)]
+    flat = [name for name in sections if name in body and not isinstance(body[name], dict)]
+    if flat:
+        raise ConfigError(
+            f"{where}: section {flat[0]!r} must be a mapping of keys (e.g. `{flat[0]}:` then indented "
+            f"`key: value` lines), got {body[flat[0]]!r}."
+        )
+
+
+def _when_split(section: Any, path: Path) -> dict[str, dict[str, Any]]:
+    """A recipe's `when_split: {<split kind>: {<section>: {...}}}`, checked for shape; its keys are checked on merge."""
+    if section is None:
+        return {}
+    if not isinstance(section, dict):
+        raise ConfigError(
+            f"recipe {path}: when_split must map a split kind ({', '.join(SPLIT_KINDS)}) to sections, got {section!r}."
+        )
+    for kind, layer in section.items():
+        if kind not in SPLIT_KINDS:
+            raise ConfigError(
+                f"recipe {path}: when_split.{kind}: {kind!r} is not a split kind; use one of {', '.join(SPLIT_KINDS)}."
+            )
+        if not isinstance(layer, dict):
+            raise ConfigError(f"recipe {path}: when_split.{kind} must be a mapping of sections, got {layer!r}.")
+        if "data" in layer and isinstance(layer["data"], dict) and "split" in layer["data"]:
+            raise ConfigError(f"recipe {path}: when_split.{kind} sets data.split, which chose it; remove that key.")
+        _check_sections(layer, f"recipe {path}, when_split.{kind}")
+    return section
 
 
 def to_yaml(cfg: Config) -> str:
