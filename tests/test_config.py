@@ -80,9 +80,9 @@ def test_when_split_applies_for_its_split_only_and_the_command_line_wins(tmp_pat
     assert load_config(str(path)).model.name == "cnn1d"  # the recipe's own split chooses too
 
 
-def test_indian_pines_1gpu_trains_pixels_on_disjoint_blocks():
+def test_indian_pines_1gpu_trains_spectra_on_disjoint_blocks():
     cfg = load_config("indian_pines_1gpu", ["data.split=disjoint"])
-    assert (cfg.model.name, cfg.data.patch_size, cfg.data.pca_components, cfg.train.refit) == ("cnn1d", 1, 0, True)
+    assert (cfg.model.name, cfg.data.patch_size, cfg.data.pca_components, cfg.train.refit) == ("cnn1d", 3, 0, True)
     assert cfg.data.block_size == 20  # the recipe's blocks, whichever model
     assert load_config("indian_pines_1gpu").model.name == "ssftt"
 

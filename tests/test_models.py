@@ -59,13 +59,21 @@ def test_hybridsn_small_matches_paper_parameter_count():
     assert _param_count(model) == 5_122_176
 
 
-def test_cnn1d_reads_only_the_centre_pixel():
+def test_cnn1d_reads_the_centre_pixel_and_the_window_mean():
+    pixel = get_model("cnn1d", in_bands=50, num_classes=NUM_CLASSES, patch_size=1)
+    assert pixel.conv.in_channels == 1  # the paper's model
     model = get_model("cnn1d", in_bands=50, num_classes=NUM_CLASSES, patch_size=9).eval()
     x = _patches(3, 50, 9)
-    y = x.clone()
-    y[:, :, 0, 0] += 1.0
+    moved = x.clone()  # the same window mean: only where the off-centre values lie differs
+    moved[:, :, 0, 0], moved[:, :, 8, 8] = x[:, :, 8, 8], x[:, :, 0, 0]
+    raised = x.clone()
+    raised[:, :, 0, 0] += 1.0
+    centre = x.clone()
+    centre[:, :, 4, 4] += 1.0
     with torch.no_grad():
-        assert torch.equal(model(x), model(y))
+        assert torch.allclose(model(x), model(moved), atol=1e-6)
+        assert not torch.allclose(model(x), model(raised), atol=1e-4)
+        assert not torch.allclose(model(x), model(centre), atol=1e-4)
 
 
 def test_cnn3d_accepts_the_smallest_patch():
