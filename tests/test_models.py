@@ -59,10 +59,12 @@ def test_hybridsn_small_matches_paper_parameter_count():
     assert _param_count(model) == 5_122_176
 
 
-def test_cnn1d_reads_the_centre_pixel_and_the_window_mean():
-    pixel = get_model("cnn1d", in_bands=50, num_classes=NUM_CLASSES, patch_size=1)
-    assert pixel.conv.in_channels == 1  # the paper's model
-    model = get_model("cnn1d", in_bands=50, num_classes=NUM_CLASSES, patch_size=9).eval()
+def test_cnn1d_reads_the_centre_pixel_and_with_window_mean_the_window_mean():
+    for patch in (1, 9):  # the paper's model by default, whatever the patch: a run trained on it rebuilds it
+        assert get_model("cnn1d", in_bands=50, num_classes=NUM_CLASSES, patch_size=patch).conv.in_channels == 1
+    with pytest.raises(ModelError, match="patch_size 1 has no window; set data.patch_size to 3 or more"):
+        get_model("cnn1d", in_bands=50, num_classes=NUM_CLASSES, patch_size=1, window_mean=True)
+    model = get_model("cnn1d", in_bands=50, num_classes=NUM_CLASSES, patch_size=9, window_mean=True).eval()
     x = _patches(3, 50, 9)
     moved = x.clone()  # the same window mean: only where the off-centre values lie differs
     moved[:, :, 0, 0], moved[:, :, 8, 8] = x[:, :, 8, 8], x[:, :, 0, 0]
@@ -106,6 +108,10 @@ def test_kwargs_override_the_preset_and_are_type_checked():
         get_model("channel_vit", in_bands=30, num_classes=4, patch_size=9, num_groups="6")
     model = get_model("hybridsn", in_bands=30, num_classes=4, patch_size=9, hidden=[64, 32], dropout=0)
     assert model.classifier.in_features == 32
+    with pytest.raises(ModelError, match="num_groups=True.*wrong type"):  # a bool is no count
+        get_model("channel_vit", in_bands=30, num_classes=4, patch_size=9, num_groups=True)
+    with pytest.raises(ModelError, match="window_mean=1.*wrong type.*pass a bool"):
+        get_model("cnn1d", in_bands=30, num_classes=4, patch_size=9, window_mean=1)
 
 
 @pytest.mark.parametrize(

@@ -125,6 +125,20 @@ def test_wrong_band_count_missing_run_and_missing_checkpoint_are_one_sentence(sy
     assert not (bare / "predict").exists()
 
 
+def test_a_run_written_before_a_setting_existed_predicts_with_the_model_it_trained(synthetic_run, tmp_path):
+    # a cnn1d run at 3x3 patches from before model.window_mean: its config.yaml lacks the key, and its convolution
+    # reads the centre spectrum alone (one input channel), as the pixel run's weights do
+    old = shutil.copytree(synthetic_run["run"], tmp_path / "old", ignore=shutil.ignore_patterns("predict"))
+    config = (old / "config.yaml").read_text()
+    assert "  patch_size: 1\n" in config and "  window_mean: false\n" in config
+    (old / "config.yaml").write_text(
+        config.replace("  patch_size: 1\n", "  patch_size: 3\n").replace("  window_mean: false\n", "")
+    )
+    assert main(["predict", f"run={old}", f"output={tmp_path / 'out'}", "progress=false"]) == 0
+    labels, _ = _read(_only(tmp_path / "out") / "prediction.tif")
+    np.testing.assert_array_equal(labels, _read(synthetic_run["run"] / "prediction.tif")[0])
+
+
 class _PatchLinear(nn.Module):
     """Logits from every pixel of the patch, so a wrong halo or edge reflection shows in the map."""
 

@@ -16,7 +16,10 @@ from pathlib import Path
 import pytest
 
 from hslite.cli import main
+from hslite.errors import DataError
+from hslite.recipe.config import load_config
 from hslite.run.checkpoints import load_weights
+from hslite.run.resume import check_checkpoint_config, flat_config
 from hslite.run.training_state import TrainingState
 
 # Small batches, flips and a 3x3 patch: every epoch draws a shuffle and flips that a resume must reproduce.
@@ -123,6 +126,15 @@ def test_a_checkpoint_of_another_config_is_refused_with_the_fields_that_differ(t
     assert main(["fit", f"resume={second}"]) != 0
     err = capsys.readouterr().err
     assert "written for another config" in err and "train.lr" in err and "Traceback" not in err
+
+
+def test_a_setting_added_since_the_checkpoint_compares_as_its_default(tmp_path):
+    cfg = load_config("quickstart")
+    older = {k: v for k, v in flat_config(cfg).items() if k != "model.window_mean"}  # written before the setting
+    check_checkpoint_config({"hslite": {"config": older}}, cfg, tmp_path / "last.ckpt")
+    cfg.model.window_mean = True  # a run that sets it differs from one written before it existed
+    with pytest.raises(DataError, match="model.window_mean: False -> True"):
+        check_checkpoint_config({"hslite": {"config": older}}, cfg, tmp_path / "last.ckpt")
 
 
 def test_resume_of_a_corrupt_checkpoint_is_a_sentence(tmp_path, monkeypatch, capsys):

@@ -283,8 +283,9 @@ def _check_shape(label: str, value: object, *, minimum: int) -> None:
 
 def _checked_value(model: str, key: str, value: object, default: object) -> object:
     """Value of hyper-parameter ``key`` if it has the preset's type (ints pass for floats, lists for tuples)."""
-    if isinstance(value, bool):
-        pass
+    if isinstance(value, bool) or isinstance(default, bool):  # a bool is an int to Python, and never one here
+        if type(value) is type(default):
+            return value
     elif isinstance(default, tuple) and isinstance(value, list | tuple):
         if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
             return tuple(value)

@@ -123,7 +123,9 @@ def build_model(cfg: Config, datamodule: HSIDataModule) -> nn.Module:
 
 def model_for(cfg: Config, in_bands: int, num_classes: int, wavelengths_nm: np.ndarray | None) -> nn.Module:
     """The recipe's registered model for `in_bands` input bands (centred at `wavelengths_nm`) and `num_classes`."""
-    groups = {"num_groups": cfg.model.band_groups} if cfg.model.band_groups and has_band_groups(cfg.model.name) else {}
+    options: dict[str, object] = {"window_mean": True} if cfg.model.window_mean else {}
+    if cfg.model.band_groups and has_band_groups(cfg.model.name):
+        options["num_groups"] = cfg.model.band_groups
     return get_model(
         cfg.model.name,
         in_bands=in_bands,
@@ -131,7 +133,7 @@ def model_for(cfg: Config, in_bands: int, num_classes: int, wavelengths_nm: np.n
         patch_size=cfg.data.patch_size,
         size=cfg.model.size,
         wavelengths_nm=wavelengths_nm,
-        **groups,
+        **options,
     )
 
 

@@ -53,6 +53,8 @@ class ModelConfig:
     # G, contiguous band groups (aligned to VIS/NIR/SWIR-1/SWIR-2 when wavelengths are known): channel_vit's own
     # (0: its preset's 4), and for other models the groups that channel-subset rotation masks (0: 4)
     band_groups: int = ranged(0, AT_LEAST_0)
+    # cnn1d: read the mean spectrum of the data.patch_size window beside the centre pixel's (the paper's model: false)
+    window_mean: bool = False
     # fine-tune: a local state dict or Lightning checkpoint to start from (read weights-only); "" means from scratch
     pretrained: str = ""
     # parameter prefixes the checkpoint does not set (e.g. [head] for another number of classes): fresh, and trained

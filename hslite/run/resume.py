@@ -85,7 +85,9 @@ def check_checkpoint_config(checkpoint: dict[str, Any], cfg: Config, path: Path)
     stored = checkpoint.get("hslite", {}).get("config")
     if stored is None:
         raise DataError(f"{path} was not written by hslite fit (it carries no hslite config); it cannot resume a run.")
-    changed = config_differences(flat_config(cfg), stored)
+    # a setting added to hslite after the checkpoint was written is absent from it: that run had its default, which a
+    # new setting keeps as the old behaviour
+    changed = config_differences(flat_config(cfg), {**flat_config(Config()), **stored})
     if changed:
         raise DataError(f"{path} was written for another config: {'; '.join(changed)}. Resume it with its own run.")
 
