@@ -83,7 +83,7 @@ def test_when_split_applies_for_its_split_only_and_the_command_line_wins(tmp_pat
 def test_indian_pines_1gpu_trains_spectra_on_disjoint_blocks():
     cfg = load_config("indian_pines_1gpu", ["data.split=disjoint"])
     assert (cfg.model.name, cfg.model.window_mean, cfg.data.patch_size) == ("cnn1d", True, 3)
-    assert (cfg.data.pca_components, cfg.train.refit) == (0, True)
+    assert (cfg.data.pca_components, cfg.train.refit, cfg.train.weight_decay) == (0, True, 0.2)
     assert cfg.data.block_size == 20  # the recipe's blocks, whichever model
     assert load_config("indian_pines_1gpu").model.name == "ssftt"
 
