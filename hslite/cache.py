@@ -13,6 +13,8 @@ from typing import Any
 
 import platformdirs
 
+from hslite.atomic import atomic_write
+
 
 def cache_file(kind: str, key: dict[str, Any]) -> Path:
     """Path of the JSON cache entry for one record: `<user cache>/hslite/records/<kind>-<hash of key>.json`."""
@@ -31,10 +33,13 @@ def read_cache(kind: str, key: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def write_cache(kind: str, key: dict[str, Any], result: dict[str, Any]) -> Path:
-    """Store a result with its key (kept in the file so a hash collision can never return the wrong entry)."""
+    """Store a result with its key (kept in the file so a hash collision can never return the wrong entry).
+
+    The cache is shared by every run of the user, and runs started together write the same record: each writes its
+    own temporary file (a fixed name had one run rename away the file another was about to rename, and that run
+    died), and the rename means a reader never sees half an entry.
+    """
     path = cache_file(kind, key)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"key": key, "result": result}, indent=1))
-    tmp.replace(path)  # atomic, so a concurrent reader never sees half a file
+    text = json.dumps({"key": key, "result": result}, indent=1).encode()
+    atomic_write(path, lambda f: f.write(text))
     return path
