@@ -36,6 +36,22 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
 
 def file_mode() -> int:
     """0666 less the process umask: the mode `open(path, "w")` would have given the file."""
-    mask = os.umask(0)
+    return 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    """The process umask, read where Linux shows it (4.7 and later), so no other thread sees it change.
+
+    Elsewhere it can only be read by setting it: to 077 for that moment, so a file another thread creates meanwhile is
+    private rather than open to everyone.
+    """
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        status = ""
+    for line in status.splitlines():
+        if line.startswith("Umask:"):
+            return int(line.split()[1], 8)
+    mask = os.umask(0o077)
     os.umask(mask)
-    return 0o666 & ~mask
+    return mask
