@@ -34,6 +34,9 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
         os.close(folder)
 
 
+_PROC_STATUS = Path("/proc/self/status")
+
+
 def file_mode() -> int:
     """0666 less the process umask: the mode `open(path, "w")` would have given the file."""
     return 0o666 & ~_umask()
@@ -46,7 +49,7 @@ def _umask() -> int:
     private rather than open to everyone.
     """
     try:
-        status = Path("/proc/self/status").read_text()
+        status = _PROC_STATUS.read_text()
     except OSError:
         status = ""
     for line in status.splitlines():

@@ -1,4 +1,4 @@
-"""Shared fixtures: the real data folder (skipped when absent) and a tiny synthetic scene."""
+"""Shared fixtures: the real data folder (skipped when absent), a tiny synthetic scene and a private cache."""
 
 from __future__ import annotations
 
@@ -25,6 +25,13 @@ def tiny_scene():
     from hslite.datasets.scenes.registry import load_scene
 
     return load_scene("synthetic_tiny", seed=0)
+
+
+@pytest.fixture
+def own_cache(tmp_path, monkeypatch) -> Path:
+    """A private user cache (probes, links, loop cost), so a test measures instead of reading another run's figure."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # platformdirs' user cache dir on Linux
+    return tmp_path
 
 
 @pytest.fixture(autouse=True)

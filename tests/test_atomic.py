@@ -2,7 +2,6 @@
 
 import os
 import stat
-from pathlib import Path
 
 import pytest
 
@@ -26,7 +25,7 @@ def test_an_atomic_write_has_the_mode_a_plain_open_gives(tmp_path, umask, mask):
     assert stat.S_IMODE(written.stat().st_mode) == stat.S_IMODE(plain.stat().st_mode) == 0o666 & ~mask
 
 
-@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="the umask is read from /proc on Linux only")
+@pytest.mark.skipif(not atomic._PROC_STATUS.is_file(), reason="the umask is read from /proc on Linux only")
 def test_the_umask_is_read_without_being_set(umask, monkeypatch):
     """Setting it to read it would, for that moment, give a file another thread creates the wrong mode."""
     umask(0o027)
@@ -38,7 +37,7 @@ def test_the_umask_is_read_without_being_set(umask, monkeypatch):
     assert atomic.file_mode() == 0o640
 
 
-def test_without_proc_the_umask_is_read_by_setting_it_to_a_private_one_and_back(umask, monkeypatch):
+def test_without_proc_the_umask_is_read_by_setting_it_to_a_private_one_and_back(tmp_path, umask, monkeypatch):
     umask(0o022)
     seen = []
     set_umask = os.umask
@@ -47,11 +46,7 @@ def test_without_proc_the_umask_is_read_by_setting_it_to_a_private_one_and_back(
         seen.append(mask)
         return set_umask(mask)
 
-    class NoProc(type(Path())):
-        def read_text(self, *args, **kwargs):
-            raise FileNotFoundError(str(self))
-
-    monkeypatch.setattr(atomic, "Path", NoProc)
+    monkeypatch.setattr(atomic, "_PROC_STATUS", tmp_path / "no-proc" / "status")
     monkeypatch.setattr(atomic.os, "umask", recorded)
     assert atomic.file_mode() == 0o644
     assert seen == [0o077, 0o022]

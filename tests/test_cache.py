@@ -2,15 +2,7 @@
 
 import threading
 
-import pytest
-
 from hslite.cache import cache_file, read_cache, write_cache
-
-
-@pytest.fixture
-def own_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # platformdirs' user cache dir on Linux
-    return tmp_path
 
 
 def test_runs_that_write_one_record_at_once_both_succeed_and_leave_one_whole_entry(own_cache):

@@ -16,12 +16,6 @@ from hslite.preflight_check.measurements import LinkModel
 FIGURES = ("intra_gbps", "inter_gbps", "intra_latency_us", "inter_latency_us", "device_memory_gib")
 
 
-@pytest.fixture
-def cache_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # platformdirs' user cache dir on Linux
-    return tmp_path
-
-
 @pytest.mark.parametrize("world_size", [2, 4, 8])
 def test_fit_recovers_known_alpha_and_bandwidth_exactly(world_size):
     alpha, bw, n = 5e-5, 2.5e9, world_size
@@ -94,7 +88,7 @@ def test_link_for_picks_intra_node_link_inside_a_node_and_inter_node_across():
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.timeout(60)
-def test_real_two_process_gloo_measurement_is_positive_and_cached(cache_dir, monkeypatch):
+def test_real_two_process_gloo_measurement_is_positive_and_cached(own_cache, monkeypatch):
     link = measure_links(2, backend="gloo", threads_per_process=1, repeats=3, timeout_seconds=45)
     assert link.alpha_seconds > 0 and 0 < link.bandwidth_bytes_per_second < math.inf
     assert 0.0 <= link.overlap <= 1.0 and len(link.points) >= 4
@@ -108,6 +102,6 @@ def test_real_two_process_gloo_measurement_is_positive_and_cached(cache_dir, mon
 
 @pytest.mark.distributed
 @pytest.mark.timeout(60)
-def test_measurement_that_overruns_its_timeout_stops_its_ranks_and_says_what_to_do(cache_dir):
+def test_measurement_that_overruns_its_timeout_stops_its_ranks_and_says_what_to_do(own_cache):
     with pytest.raises(HSLiteError, match="topology profile"):
         measure_links(2, timeout_seconds=0.5, fresh=True)

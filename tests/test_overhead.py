@@ -13,13 +13,6 @@ from hslite.parallel.trainer.trainer_args import trainer_kwargs
 from hslite.preflight_check.measure.loop_cost import measure_step_overhead
 
 
-@pytest.fixture
-def own_cache(tmp_path, monkeypatch):
-    """A private cache dir, so each test measures instead of reading a figure from another run."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    return tmp_path
-
-
 def test_one_process_loop_is_measured_once_net_of_its_layers_bare_step_then_read_from_the_cache(own_cache):
     seconds = measure_step_overhead(Plan(devices=1), num_classes=16)
     assert 0 <= seconds < 1, "a linear layer's Lightning step takes milliseconds, not seconds"

@@ -50,12 +50,6 @@ class Tokenized(nn.Module):
         return self.head(torch.stack([self.encode_group(x[:, a:b], g) for g, (a, b) in enumerate(self.band_groups)], 1))
 
 
-@pytest.fixture
-def cache_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    return tmp_path
-
-
 def test_tiny_mlp_probe_returns_sane_positive_numbers():
     result = probe_model(
         linear_stack, make_batch, ProbeTarget(batch_size=8, precision="32-true", threads=1), ProbeOptions(steps=3)
@@ -138,7 +132,7 @@ def test_every_timed_step_trains_on_a_batch_gathered_just_before_it_and_the_gath
     assert result.activation_bytes == 4 * b * (D + 2 * H + C) + 8 * b + 4
 
 
-def test_cache_hit_measures_nothing_and_fresh_remeasures(cache_dir, monkeypatch):
+def test_cache_hit_measures_nothing_and_fresh_remeasures(own_cache, monkeypatch):
     calls = []
     measure = probe_module.measure_steps
     monkeypatch.setattr(probe_module, "measure_steps", lambda *a, **k: calls.append(1) or measure(*a, **k))
